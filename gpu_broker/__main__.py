@@ -1,0 +1,72 @@
+"""python -m gpu_broker --listen 127.0.0.1:PORT [--fake-devices 2x24GiB]"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from gpu_broker.inventory import InventoryError, format_bytes, parse_fake_devices, probe_cuda_devices
+from gpu_broker.lease_book import BrokerPolicy
+from gpu_broker.server import create_broker_server
+from service_kit import structured_log
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+
+log = logging.getLogger("gpu_broker")
+
+
+def _seconds(text: str) -> float:
+    value = float(text[:-1]) if text.endswith("s") else float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gpu_broker", description="Leases the host's accelerators over gRPC.")
+    p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
+    p.add_argument("--fake-devices", metavar="NxSIZE",
+                   help="lease a configured fake inventory instead of the real GPUs, e.g. 2x24GiB")
+    p.add_argument("--default-release-grace", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="how long a preempted holder has to release when it asked for no grace (default 10s)")
+    p.add_argument("--max-release-grace", type=_seconds, default=600.0, metavar="SECONDS",
+                   help="the longest release grace a holder may ask for (default 600s)")
+    p.add_argument("--aging-interval", type=_seconds, default=30.0, metavar="SECONDS",
+                   help="each full interval waited adds 1 to a request's queue priority; 0 disables (default 30s)")
+    p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _main(args: argparse.Namespace) -> None:
+    if args.fake_devices:
+        devices, source = parse_fake_devices(args.fake_devices), "fake"
+    else:
+        try:
+            devices, source = probe_cuda_devices(), "cuda"
+        except InventoryError as e:
+            devices, source = [], "none"
+            log.warning("no devices to lease", extra={"fields": {"reason": str(e)}})
+    policy = BrokerPolicy(default_release_grace_s=args.default_release_grace,
+                          max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval)
+    broker = await create_broker_server(args.listen, devices, policy)
+    log.info("broker started", extra={"fields": {
+        "event": "broker.started", "port": broker.port, "inventory": source,
+        "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices]}})
+    announce("gpu_broker", args.listen, broker.port)
+    await serve_until_signalled(broker.running, args.shutdown_grace)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.fake_devices:
+            parse_fake_devices(args.fake_devices)
+    except InventoryError as e:
+        parser.error(str(e))
+    structured_log.configure(args.log_level)
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()

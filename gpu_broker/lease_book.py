@@ -1,0 +1,527 @@
+"""The broker's state machine: leases, waiters, preemptions and deadlines. Synchronous and pure.
+
+Time is passed in (`now`, seconds); nothing here sleeps, locks or touches gRPC. Each
+operation validates first and raises before changing anything, then applies the
+placement plan and queues what the streams should hear (`outbox`) and what the
+timeline should record (`transitions`). The asyncio layer (lease_hub) drains both.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from gpu_broker import placement
+from gpu_broker.inventory import DeviceInfo, format_bytes
+from service_kit.errors import (
+    Aborted,
+    Cancelled,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+)
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Holder:
+    client_id: str
+    purpose: str = ""
+    priority: int = 0
+
+    def describe(self) -> str:
+        purpose = f", {self.purpose!r}" if self.purpose else ""
+        return f"{self.client_id!r} (priority {self.priority}{purpose})"
+
+
+@dataclass(frozen=True)
+class AcquireSpec:
+    holder: Holder
+    memory_bytes: int = 0  # 0 = the whole device, exclusively
+    device_index: int | None = None
+    fail_fast: bool = False
+    release_grace_s: float | None = None  # None = the broker's default
+
+
+class LeaseState(Enum):
+    ACTIVE = "active"
+    PREEMPTING = "preempting"
+
+
+class WaitState(Enum):
+    QUEUED = "queued"
+    PREEMPTING = "preempting"
+
+
+@dataclass
+class LeaseRecord:
+    lease_id: str
+    request_id: str
+    holder: Holder
+    device_index: int
+    memory_bytes: int
+    exclusive: bool
+    granted_at: float
+    granted_priority: int
+    release_grace_s: float
+    state: LeaseState = LeaseState.ACTIVE
+    preempt_deadline: float | None = None
+    preempt_for: str | None = None
+    missed_preempt_deadlines: int = 0
+
+
+@dataclass
+class Waiter:
+    request_id: str
+    spec: AcquireSpec
+    arrived_at: float
+    arrival: int
+    release_grace_s: float
+    state: WaitState = WaitState.QUEUED
+    device_index: int | None = None
+    victims: tuple[str, ...] = ()
+    deadline: float | None = None
+    notified_position: int | None = None
+
+
+# What a stream hears. `request_id` names the Acquire stream it goes to.
+@dataclass(frozen=True)
+class Queued:
+    position: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preempting:
+    device_index: int
+    victims: tuple[str, ...]
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Granted:
+    lease: LeaseRecord
+
+
+@dataclass(frozen=True)
+class PreemptRequested:
+    lease_id: str
+    deadline: float
+    for_request_id: str
+    for_holder: Holder
+
+
+@dataclass(frozen=True)
+class PreemptWithdrawn:
+    lease_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class AbortRequested:
+    lease_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Released:
+    lease: LeaseRecord
+    held_s: float
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The stream ends: cleanly when error is None, else with that error's status."""
+
+    error: ServiceError | None = None
+
+
+StreamEvent = Queued | Preempting | Granted | PreemptRequested | PreemptWithdrawn | AbortRequested | Released | Ended
+
+
+@dataclass(frozen=True)
+class Notice:
+    request_id: str
+    event: StreamEvent
+    time: float
+
+
+class TransitionKind(Enum):
+    QUEUED = "queued"
+    REJECTED = "rejected"
+    GRANTED = "granted"
+    PREEMPT_REQUESTED = "preempt_requested"
+    PREEMPT_WITHDRAWN = "preempt_withdrawn"
+    PREEMPT_DEADLINE_MISSED = "preempt_deadline_missed"
+    RELEASED = "released"
+    HOLDER_LOST = "holder_lost"
+    CANCELLED = "cancelled"
+    ABORT_REQUESTED = "abort_requested"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Transition:
+    sequence: int
+    time: float
+    kind: TransitionKind
+    request_id: str = ""
+    lease_id: str = ""
+    holder: Holder | None = None
+    device_index: int = -1
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class WaiterSnapshot:
+    waiter: Waiter
+    position: int
+    effective_priority: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    devices: tuple[DeviceInfo, ...]
+    leased_bytes: dict[int, int]
+    leases: tuple[LeaseRecord, ...]
+    queue: tuple[WaiterSnapshot, ...]
+    sequence: int
+
+
+class CancelOutcome(Enum):
+    REMOVED_FROM_QUEUE = "removed_from_queue"
+    ABORT_REQUESTED = "abort_requested"
+
+
+@dataclass
+class BrokerPolicy:
+    default_release_grace_s: float = 10.0
+    max_release_grace_s: float = 600.0
+    # Each full interval a request waits adds 1 to its queue priority, so no request starves.
+    aging_interval_s: float = 30.0
+
+
+class LeaseBook:
+    def __init__(self, devices: list[DeviceInfo], policy: BrokerPolicy | None = None):
+        self.devices = tuple(devices)
+        self.policy = policy or BrokerPolicy()
+        self._leases: dict[str, LeaseRecord] = {}
+        self._lease_of_request: dict[str, str] = {}
+        self._waiters: dict[str, Waiter] = {}
+        self._arrivals = 0
+        self._sequence = 0
+        self.outbox: list[Notice] = []
+        self.transitions: list[Transition] = []
+
+    # ---- operations -------------------------------------------------------------------
+
+    def submit(self, spec: AcquireSpec, now: float) -> str:
+        """Validates and enqueues a request; returns its id. Raises without changing anything."""
+        request_id = "req-" + uuid.uuid4().hex[:12]
+        try:
+            grace = self._validate(spec)
+            waiter = Waiter(request_id, spec, now, self._arrivals, grace)
+            plan = self._plan(now, extra=waiter)
+            if spec.fail_fast and not plan.touches(request_id):
+                raise ResourceExhausted(
+                    f"cannot grant {self._describe_need(spec)} now and wait_policy is FAIL_FAST: "
+                    f"{self._why_blocked(spec)}; no holder was disturbed",
+                    reason="WOULD_HAVE_TO_WAIT", metadata={"client_id": spec.holder.client_id})
+        except ServiceError as err:
+            self._transition(now, TransitionKind.REJECTED, request_id=request_id, holder=spec.holder, detail=err.message)
+            raise
+        self._arrivals += 1
+        self._waiters[request_id] = waiter
+        first_notice = len(self.outbox)
+        self._apply(plan, now)
+        still_waiting = request_id in self._waiters
+        position = plan.waiting_order.index(request_id) if request_id in plan.waiting_order else 0
+        reason = self._why_blocked(spec) if still_waiting else "fits now"
+        self.outbox.insert(first_notice, Notice(request_id, Queued(position, reason), now))
+        if still_waiting:
+            self._waiters[request_id].notified_position = position
+            if self._waiters[request_id].state is WaitState.QUEUED:
+                self._transition(now, TransitionKind.QUEUED, request_id=request_id, holder=spec.holder,
+                                 device_index=-1 if spec.device_index is None else spec.device_index,
+                                 detail=f"position {position}: {reason}")
+        self._notify_positions(now)
+        return request_id
+
+    def release(self, lease_id: str, now: float) -> Released:
+        if not lease_id:
+            raise InvalidArgument("lease_id is required", reason="MISSING_LEASE_ID")
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no live lease {lease_id!r}; it was never granted or is already released",
+                           reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
+        released = self._free(lease, now, TransitionKind.RELEASED, "released by holder")
+        self.outbox.append(Notice(lease.request_id, released, now))
+        self.outbox.append(Notice(lease.request_id, Ended(), now))
+        self._schedule(now)
+        return released
+
+    def stream_closed(self, request_id: str, now: float) -> None:
+        """The Acquire stream is gone (caller cancelled, process died, deadline): free what it held."""
+        if request_id in self._waiters:
+            self._remove_waiter(self._waiters[request_id], now, TransitionKind.CANCELLED, "caller went away")
+        elif request_id in self._lease_of_request:
+            lease = self._leases[self._lease_of_request[request_id]]
+            self._free(lease, now, TransitionKind.HOLDER_LOST, "holder stream closed; lease freed")
+        else:
+            return
+        self._schedule(now)
+
+    def cancel(self, now: float, *, request_id: str = "", lease_id: str = "", reason: str = "") -> CancelOutcome:
+        if not request_id and not lease_id:
+            raise InvalidArgument("Cancel needs a request_id or a lease_id", reason="MISSING_TARGET")
+        if request_id and request_id in self._waiters:
+            waiter = self._waiters[request_id]
+            why = reason or "cancelled"
+            self._remove_waiter(waiter, now, TransitionKind.CANCELLED, why)
+            self.outbox.append(Notice(request_id, Ended(Cancelled(
+                f"request {request_id} was cancelled while waiting: {why}", reason="REQUEST_CANCELLED")), now))
+            self._schedule(now)
+            return CancelOutcome.REMOVED_FROM_QUEUE
+        if request_id:
+            lease_id = self._lease_of_request.get(request_id, "")
+            if not lease_id:
+                raise NotFound(f"no waiting request or live lease for request {request_id!r}",
+                               reason="REQUEST_NOT_FOUND", metadata={"request_id": request_id})
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no live lease {lease_id!r}", reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
+        why = reason or "abort requested"
+        self.outbox.append(Notice(lease.request_id, AbortRequested(lease.lease_id, why), now))
+        self._transition(now, TransitionKind.ABORT_REQUESTED, request_id=lease.request_id, lease_id=lease.lease_id,
+                         holder=lease.holder, device_index=lease.device_index, detail=why)
+        return CancelOutcome.ABORT_REQUESTED
+
+    def tick(self, now: float) -> None:
+        """Fails preemptions whose victims missed their deadline, and re-ranks the aged queue."""
+        for waiter in [w for w in self._waiters.values() if w.state is WaitState.PREEMPTING]:
+            overdue = [self._leases[v] for v in waiter.victims
+                       if v in self._leases and self._leases[v].preempt_deadline is not None
+                       and self._leases[v].preempt_deadline <= now]
+            if overdue:
+                self._fail_preemption(waiter, overdue, now)
+        self._schedule(now)
+
+    def shutdown(self, now: float, error: ServiceError) -> None:
+        """Ends every stream with `error`; the broker is going away."""
+        for waiter in list(self._waiters.values()):
+            self._remove_waiter(waiter, now, TransitionKind.FAILED, error.message)
+            self.outbox.append(Notice(waiter.request_id, Ended(error), now))
+        for lease in list(self._leases.values()):
+            self._free(lease, now, TransitionKind.HOLDER_LOST, error.message)
+            self.outbox.append(Notice(lease.request_id, Ended(error), now))
+
+    def next_deadline(self, now: float) -> float | None:
+        """When `tick` next has work: the nearest preempt deadline or aging step."""
+        times = [lease.preempt_deadline for lease in self._leases.values() if lease.preempt_deadline is not None]
+        aging = self.policy.aging_interval_s
+        if aging > 0 and self._waiters:
+            times += [w.arrived_at + aging * (math.floor((now - w.arrived_at) / aging) + 1) for w in self._waiters.values()]
+        return min(times) if times else None
+
+    def snapshot(self, now: float) -> Snapshot:
+        leased = {d.index: 0 for d in self.devices}
+        for lease in self._leases.values():
+            leased[lease.device_index] += lease.memory_bytes
+        order = placement.rank(self._waiter_views(now))
+        queue = tuple(
+            WaiterSnapshot(replace(self._waiters[w.request_id]), i, w.effective_priority) for i, w in enumerate(order)
+        )
+        leases = tuple(replace(lease) for lease in sorted(self._leases.values(), key=lambda x: x.granted_at))
+        return Snapshot(self.devices, leased, leases, queue, self._sequence)
+
+    def lease_for_request(self, request_id: str) -> LeaseRecord | None:
+        lease_id = self._lease_of_request.get(request_id)
+        return None if lease_id is None else self._leases[lease_id]
+
+    # ---- validation ---------------------------------------------------------------------
+
+    def _validate(self, spec: AcquireSpec) -> float:
+        if not spec.holder.client_id.strip():
+            raise InvalidArgument("holder.client_id is required: name the calling service instance, e.g. 'inference-0'",
+                                  reason="MISSING_CLIENT_ID")
+        if spec.memory_bytes < 0:
+            raise InvalidArgument(f"memory_bytes must be >= 0 (0 asks for the whole device), got {spec.memory_bytes}",
+                                  reason="NEGATIVE_MEMORY")
+        grace = self.policy.default_release_grace_s if spec.release_grace_s is None else spec.release_grace_s
+        if grace < 0 or grace > self.policy.max_release_grace_s:
+            raise InvalidArgument(
+                f"release_grace must be between 0 and {self.policy.max_release_grace_s:g}s, got {grace:g}s",
+                reason="BAD_RELEASE_GRACE")
+        if not self.devices:
+            raise FailedPrecondition("this broker has no devices to lease (no GPU found and no --fake-devices given)",
+                                     reason="NO_DEVICES")
+        if spec.device_index is not None and not 0 <= spec.device_index < len(self.devices):
+            raise InvalidArgument(
+                f"device_index {spec.device_index} does not exist; this broker has devices 0..{len(self.devices) - 1}",
+                reason="UNKNOWN_DEVICE", metadata={"device_index": str(spec.device_index)})
+        pool = self.devices if spec.device_index is None else [self.devices[spec.device_index]]
+        if spec.memory_bytes > max(d.total_bytes for d in pool):
+            where = "the largest device" if spec.device_index is None else f"device {spec.device_index}"
+            raise ResourceExhausted(
+                f"{format_bytes(spec.memory_bytes)} can never fit: {where} has {format_bytes(max(d.total_bytes for d in pool))}",
+                reason="NEVER_FITS", metadata={"memory_bytes": str(spec.memory_bytes)})
+        return grace
+
+    def _describe_need(self, spec: AcquireSpec) -> str:
+        what = "the whole device" if spec.memory_bytes == 0 else format_bytes(spec.memory_bytes)
+        where = "any device" if spec.device_index is None else f"device {spec.device_index}"
+        return f"{what} on {where}"
+
+    def _why_blocked(self, spec: AcquireSpec) -> str:
+        pool = self.devices if spec.device_index is None else [self.devices[spec.device_index]]
+        parts = []
+        for dev in pool:
+            holders = [lease for lease in self._leases.values() if lease.device_index == dev.index]
+            free = dev.total_bytes - sum(lease.memory_bytes for lease in holders)
+            who = ", ".join(f"{lease.holder.client_id} (priority {lease.granted_priority}, "
+                            f"{format_bytes(lease.memory_bytes)})" for lease in holders) or "no holders"
+            parts.append(f"device {dev.index} has {format_bytes(free)} free, held by {who}")
+        waiting = len(self._waiters)
+        tail = f"; {waiting} request(s) already waiting" if waiting else ""
+        return "; ".join(parts) + tail
+
+    # ---- scheduling ---------------------------------------------------------------------
+
+    def _effective_priority(self, waiter: Waiter, now: float) -> int:
+        aging = self.policy.aging_interval_s
+        bonus = int((now - waiter.arrived_at) // aging) if aging > 0 else 0
+        return min(INT32_MAX, waiter.spec.holder.priority + max(0, bonus))
+
+    def _waiter_views(self, now: float, extra: Waiter | None = None) -> list[placement.WaiterView]:
+        waiters = list(self._waiters.values()) + ([extra] if extra else [])
+        return [
+            placement.WaiterView(
+                request_id=w.request_id,
+                priority=w.spec.holder.priority,
+                effective_priority=self._effective_priority(w, now),
+                arrival=w.arrival,
+                memory_bytes=w.spec.memory_bytes,
+                device_index=w.spec.device_index,
+                preempting_device=w.device_index if w.state is WaitState.PREEMPTING else None,
+                victims=w.victims,
+            )
+            for w in waiters
+        ]
+
+    def _plan(self, now: float, extra: Waiter | None = None) -> placement.Plan:
+        devices = [placement.DeviceView(d.index, d.total_bytes) for d in self.devices]
+        leases = [
+            placement.LeaseView(lease.lease_id, lease.device_index, lease.memory_bytes, lease.granted_priority,
+                                preempting=lease.state is LeaseState.PREEMPTING)
+            for lease in self._leases.values()
+        ]
+        return placement.plan_schedule(devices, leases, self._waiter_views(now, extra))
+
+    def _schedule(self, now: float) -> None:
+        self._apply(self._plan(now), now)
+        self._notify_positions(now)
+
+    def _apply(self, plan: placement.Plan, now: float) -> None:
+        for request_id in plan.requeued:
+            waiter = self._waiters[request_id]
+            waiter.state, waiter.device_index, waiter.victims, waiter.deadline = WaitState.QUEUED, None, (), None
+        for request_id, device_index in plan.grants:
+            self._grant(self._waiters[request_id], device_index, now)
+        for pre in plan.preemptions:
+            self._start_preemption(self._waiters[pre.request_id], pre, now)
+
+    def _grant(self, waiter: Waiter, device_index: int, now: float) -> None:
+        self._withdraw_victims(waiter, now, "the waiter was granted without them")
+        del self._waiters[waiter.request_id]
+        dev = self.devices[device_index]
+        exclusive = waiter.spec.memory_bytes == 0
+        lease = LeaseRecord(
+            lease_id="lease-" + uuid.uuid4().hex[:12],
+            request_id=waiter.request_id,
+            holder=waiter.spec.holder,
+            device_index=device_index,
+            memory_bytes=dev.total_bytes if exclusive else waiter.spec.memory_bytes,
+            exclusive=exclusive,
+            granted_at=now,
+            granted_priority=self._effective_priority(waiter, now),
+            release_grace_s=waiter.release_grace_s,
+        )
+        self._leases[lease.lease_id] = lease
+        self._lease_of_request[waiter.request_id] = lease.lease_id
+        self.outbox.append(Notice(waiter.request_id, Granted(replace(lease)), now))
+        self._transition(now, TransitionKind.GRANTED, request_id=waiter.request_id, lease_id=lease.lease_id,
+                         holder=lease.holder, device_index=device_index,
+                         detail=f"{format_bytes(lease.memory_bytes)}{' exclusive' if exclusive else ''} "
+                                f"after {now - waiter.arrived_at:.3f}s")
+
+    def _start_preemption(self, waiter: Waiter, pre: placement.Preemption, now: float) -> None:
+        waiter.state, waiter.device_index, waiter.victims = WaitState.PREEMPTING, pre.device_index, pre.victims
+        deadlines = []
+        for lease_id in pre.victims:
+            lease = self._leases[lease_id]
+            lease.state = LeaseState.PREEMPTING
+            lease.preempt_deadline = now + lease.release_grace_s
+            lease.preempt_for = waiter.request_id
+            deadlines.append(lease.preempt_deadline)
+            self.outbox.append(Notice(lease.request_id, PreemptRequested(
+                lease_id, lease.preempt_deadline, waiter.request_id, waiter.spec.holder), now))
+            self._transition(now, TransitionKind.PREEMPT_REQUESTED, request_id=lease.request_id, lease_id=lease_id,
+                             holder=lease.holder, device_index=lease.device_index,
+                             detail=f"for {waiter.spec.holder.describe()} ({waiter.request_id}); "
+                                    f"release within {lease.release_grace_s:g}s")
+        waiter.deadline = max(deadlines)
+        self.outbox.append(Notice(waiter.request_id, Preempting(pre.device_index, pre.victims, waiter.deadline), now))
+
+    def _fail_preemption(self, waiter: Waiter, overdue: list[LeaseRecord], now: float) -> None:
+        names = ", ".join(f"{lease.holder.describe()} holding {lease.lease_id}" for lease in overdue)
+        for lease in overdue:
+            lease.missed_preempt_deadlines += 1
+            self._transition(now, TransitionKind.PREEMPT_DEADLINE_MISSED, request_id=lease.request_id,
+                             lease_id=lease.lease_id, holder=lease.holder, device_index=lease.device_index,
+                             detail=f"did not release within {lease.release_grace_s:g}s for {waiter.request_id}")
+        message = (f"preemption failed: {names} did not release by its deadline; nothing was granted "
+                   f"on top of it. Retry later or ask the operator to stop that holder")
+        error = Aborted(message, reason="PREEMPT_DEADLINE_MISSED",
+                        metadata={"holders": ",".join(lease.holder.client_id for lease in overdue),
+                                  "leases": ",".join(lease.lease_id for lease in overdue)})
+        self._remove_waiter(waiter, now, TransitionKind.FAILED, message)
+        self.outbox.append(Notice(waiter.request_id, Ended(error), now))
+
+    def _withdraw_victims(self, waiter: Waiter, now: float, reason: str) -> None:
+        for lease_id in waiter.victims:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.preempt_for != waiter.request_id:
+                continue
+            lease.state, lease.preempt_deadline, lease.preempt_for = LeaseState.ACTIVE, None, None
+            self.outbox.append(Notice(lease.request_id, PreemptWithdrawn(lease_id, reason), now))
+            self._transition(now, TransitionKind.PREEMPT_WITHDRAWN, request_id=lease.request_id, lease_id=lease_id,
+                             holder=lease.holder, device_index=lease.device_index, detail=reason)
+
+    def _remove_waiter(self, waiter: Waiter, now: float, kind: TransitionKind, detail: str) -> None:
+        self._withdraw_victims(waiter, now, f"the request it was preempted for is gone ({detail})")
+        del self._waiters[waiter.request_id]
+        self._transition(now, kind, request_id=waiter.request_id, holder=waiter.spec.holder,
+                         device_index=-1 if waiter.device_index is None else waiter.device_index, detail=detail)
+
+    def _free(self, lease: LeaseRecord, now: float, kind: TransitionKind, detail: str) -> Released:
+        del self._leases[lease.lease_id]
+        del self._lease_of_request[lease.request_id]
+        held = now - lease.granted_at
+        self._transition(now, kind, request_id=lease.request_id, lease_id=lease.lease_id, holder=lease.holder,
+                         device_index=lease.device_index, detail=f"{detail} after {held:.3f}s")
+        return Released(replace(lease), held)
+
+    def _notify_positions(self, now: float) -> None:
+        for i, view in enumerate(placement.rank(self._waiter_views(now))):
+            waiter = self._waiters[view.request_id]
+            if waiter.state is WaitState.QUEUED and waiter.notified_position != i:
+                waiter.notified_position = i
+                self.outbox.append(Notice(waiter.request_id, Queued(i, "queue moved"), now))
+
+    def _transition(self, now: float, kind: TransitionKind, **fields) -> None:
+        self._sequence += 1
+        self.transitions.append(Transition(self._sequence, now, kind, **fields))

@@ -1,0 +1,33 @@
+"""The broker's gRPC servicer: convert, delegate to the lease hub, convert back."""
+from __future__ import annotations
+
+from diffusion.v1 import broker_pb2, broker_pb2_grpc
+from gpu_broker import convert
+from gpu_broker.lease_hub import LeaseHub
+
+
+class BrokerServicer(broker_pb2_grpc.GpuBrokerServiceServicer):
+    def __init__(self, hub: LeaseHub):
+        self.hub = hub
+
+    async def Acquire(self, request, context):
+        sequence = 0
+        async for notice in self.hub.acquire(convert.acquire_spec(request)):
+            sequence += 1
+            yield convert.acquire_response(notice, sequence)
+
+    async def Release(self, request, context):
+        return convert.release_response(self.hub.release(request.lease_id))
+
+    async def Cancel(self, request, context):
+        target = request.WhichOneof("target")
+        outcome = self.hub.cancel(request_id=request.request_id if target == "request_id" else "",
+                                  lease_id=request.lease_id if target == "lease_id" else "", reason=request.reason)
+        return convert.cancel_response(outcome)
+
+    async def Status(self, request, context):
+        return broker_pb2.StatusResponse(state=convert.broker_state(self.hub.status()))
+
+    async def Watch(self, request, context):
+        async for event in self.hub.watch():
+            yield convert.watch_response(event)

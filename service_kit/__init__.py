@@ -1,0 +1,1 @@
+"""Small pieces every service shares: domain errors, their gRPC mapping, the server runtime, logs."""

@@ -1,0 +1,110 @@
+"""The shared server runtime: keepalive, health checking, reflection and graceful shutdown."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from service_kit.error_interceptor import ErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+# Leases live as long as a stream, so a half-open connection must be noticed in seconds:
+# ping every 2 s, give up 2 s after an unanswered ping (a dead peer is seen within ~4 s).
+KEEPALIVE_MS = 2000
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    # Accept the clients' own 2 s pings instead of answering them with GOAWAY.
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+)
+CLIENT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+)
+
+
+@dataclass
+class RunningServer:
+    """A started server: its bound port, its health servicer and what to run on shutdown."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: tuple[str, ...]
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, status)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Drains: NOT_SERVING first, then the services' own drain hooks, then stop with grace."""
+        await self.set_serving(False)
+        for hook in self.on_drain:
+            await hook()
+        await self.server.stop(grace_s)
+
+
+async def create_server(
+    listen: str,
+    register: Callable[[grpc.aio.Server], Iterable[str]],
+) -> RunningServer:
+    """Builds and starts an aio server on `listen` (port 0 picks one) with health and reflection.
+
+    `register` adds the servicers and returns their full service names.
+    """
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    service_names = tuple(register(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not bind {listen}")
+    await server.start()
+    running = RunningServer(server=server, port=port, health=health_servicer, service_names=service_names)
+    await running.set_serving(True)
+    return running
+
+
+def announce(service: str, listen: str, port: int) -> None:
+    """Prints the one line a parent process reads to learn the bound port (port 0 picks one)."""
+    host = listen.rsplit(":", 1)[0]
+    print(json.dumps({"event": "listening", "service": service, "address": f"{host}:{port}", "port": port}), flush=True)
+
+
+async def serve_until_signalled(running: RunningServer, grace_s: float = 5.0) -> None:
+    """Runs until SIGTERM or SIGINT, then drains and stops gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down", extra={"fields": {"grace_s": grace_s}})
+    await running.stop(grace_s)
+
+
+def parse_listen(value: str) -> str:
+    """Validates HOST:PORT for --listen."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen wants HOST:PORT (e.g. 127.0.0.1:50051), got {value!r}")
+    return value
+

@@ -1,0 +1,42 @@
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def start_broker():
+    """Starts real broker processes on loopback port 0; stops them after the test."""
+    from tests.gpu_broker.harness import BrokerClientSync
+    from tests.service_process import start_service
+
+    started = []
+
+    def start(*args: str, fake_devices: str = "1x24GiB", listen: str = "127.0.0.1:0"):
+        proc = start_service("gpu_broker", "--fake-devices", fake_devices, *args, listen=listen)
+        client = BrokerClientSync(proc.address)
+        started.append((proc, client))
+        return proc, client
+
+    yield start
+    for proc, client in started:
+        client.close()
+        proc.stop()

@@ -1,0 +1,121 @@
+"""The async client library against a real broker process."""
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from gpu_broker.client import BrokerClient, LeaseError, LeaseRequest
+from tests.gpu_broker.harness import GiB
+from tests.service_process import free_port, start_service
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_preempt_callback_runs_then_lease_is_released(start_broker):
+    proc, _ = start_broker()
+
+    async def scenario():
+        unloaded = []
+        async with BrokerClient(proc.address) as broker:
+            async def unload(ev):
+                unloaded.append(ev.for_holder.client_id)
+                await asyncio.sleep(0.05)  # the holder's own unload time
+
+            async with broker.lease(LeaseRequest("trainer", priority=1), on_preempt=unload) as low:
+                async with broker.lease(LeaseRequest("inference", priority=5)) as high:
+                    assert high.valid.is_set() and high.device_index == 0
+                    await asyncio.wait_for(low.released.wait(), 5)
+                    assert unloaded == ["inference"] and not low.valid.is_set()
+                    state = await broker.status()
+                    assert [l.holder.client_id for l in state.leases] == ["inference"]
+            assert list((await broker.status()).leases) == []
+
+    run(scenario())
+
+
+def test_release_on_exit_even_when_the_body_raises(start_broker):
+    proc, _ = start_broker()
+
+    async def scenario():
+        async with BrokerClient(proc.address) as broker:
+            with pytest.raises(RuntimeError):
+                async with broker.lease(LeaseRequest("x", memory_bytes=GiB)):
+                    raise RuntimeError("work failed")
+            assert list((await broker.status()).leases) == []
+
+    run(scenario())
+
+
+def test_rejection_surfaces_as_lease_error(start_broker):
+    proc, _ = start_broker()
+
+    async def scenario():
+        async with BrokerClient(proc.address) as broker:
+            with pytest.raises(LeaseError) as e:
+                async with broker.lease(LeaseRequest("x", memory_bytes=100 * GiB)):
+                    pass
+            assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "never fit" in e.value.details
+
+    run(scenario())
+
+
+def test_abort_callback_receives_cancel(start_broker):
+    proc, _ = start_broker()
+
+    async def scenario():
+        reasons = []
+
+        async def abort(ev):
+            reasons.append(ev.reason)
+
+        async with BrokerClient(proc.address) as broker:
+            async with broker.lease(LeaseRequest("loader"), on_abort=abort) as held:
+                await broker.cancel(lease_id=held.lease_id, reason="superseded")
+                await asyncio.wait_for(held.abort_requested.wait(), 5)
+                assert reasons == ["superseded"]
+
+    run(scenario())
+
+
+def test_acquire_waits_for_a_broker_that_starts_late_and_reacquires_after_restart():
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+
+    async def scenario():
+        procs = []
+        try:
+            async with BrokerClient(address) as broker:
+                lost = []
+
+                async def on_lost(err):
+                    lost.append(err.code())
+
+                async def start_later():
+                    await asyncio.sleep(0.5)
+                    procs.append(await asyncio.to_thread(start_service, "gpu_broker", "--fake-devices", "1x24GiB",
+                                                         listen=address))
+
+                starter = asyncio.create_task(start_later())
+                async with broker.lease(LeaseRequest("inference", memory_bytes=8 * GiB), on_lost=on_lost,
+                                        connect_timeout_s=20) as held:
+                    await starter
+                    first = held.lease_id
+                    assert first
+                    await asyncio.to_thread(procs[0].stop)
+                    procs.append(await asyncio.to_thread(start_service, "gpu_broker", "--fake-devices", "1x24GiB",
+                                                         listen=address))
+                    deadline = time.monotonic() + 15
+                    while not (held.valid.is_set() and held.lease_id != first):
+                        assert time.monotonic() < deadline, "lease was not re-acquired"
+                        await asyncio.sleep(0.05)
+                    assert lost == [grpc.StatusCode.UNAVAILABLE]
+                    state = await broker.status()
+                    assert [(l.holder.client_id, l.memory_bytes) for l in state.leases] == [("inference", 8 * GiB)]
+        finally:
+            for p in procs:
+                p.stop()
+
+    run(scenario())

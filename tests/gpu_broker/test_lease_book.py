@@ -1,0 +1,170 @@
+"""The synchronous lease book, driven directly with explicit times."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpu_broker.inventory import DeviceInfo
+from gpu_broker.lease_book import (
+    AcquireSpec,
+    BrokerPolicy,
+    Ended,
+    Granted,
+    Holder,
+    LeaseBook,
+    LeaseState,
+    PreemptRequested,
+    PreemptWithdrawn,
+    Queued,
+    TransitionKind,
+)
+from service_kit.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
+
+G = 2**30
+
+
+def book(n=1, size=24, **policy):
+    return LeaseBook([DeviceInfo(i, "fake", f"fake-{i}", size * G) for i in range(n)], BrokerPolicy(**policy))
+
+
+def spec(client, prio=0, mem=0, **kw):
+    return AcquireSpec(Holder(client, priority=prio), memory_bytes=mem, **kw)
+
+
+def events_for(b, request_id):
+    return [n.event for n in b.outbox if n.request_id == request_id]
+
+
+def test_first_event_is_queued_then_granted():
+    b = book()
+    r = b.submit(spec("a"), now=0)
+    kinds = [type(e) for e in events_for(b, r)]
+    assert kinds == [Queued, Granted]
+    assert events_for(b, r)[0].position == 0
+
+
+def test_missed_deadline_fails_waiter_names_holder_and_never_double_grants():
+    b = book(default_release_grace_s=2)
+    a = b.submit(spec("trainer", prio=1), 0)
+    w = b.submit(spec("inference", prio=5), 1)
+    assert any(isinstance(e, PreemptRequested) for e in events_for(b, a))
+    b.outbox.clear()
+    b.tick(2.9)
+    assert not any(isinstance(e, Ended) for e in events_for(b, w))
+    b.tick(3.0)
+    ended = [e for e in events_for(b, w) if isinstance(e, Ended)]
+    assert len(ended) == 1 and isinstance(ended[0].error, Aborted)
+    assert "'trainer'" in ended[0].error.message
+    assert any(isinstance(e, PreemptWithdrawn) for e in events_for(b, a))
+    snap = b.snapshot(3.0)
+    assert [lease.holder.client_id for lease in snap.leases] == ["trainer"]
+    assert snap.leases[0].missed_preempt_deadlines == 1 and snap.leases[0].state is LeaseState.ACTIVE
+    assert snap.queue == ()
+    assert TransitionKind.PREEMPT_DEADLINE_MISSED in [t.kind for t in b.transitions]
+
+
+def test_fail_fast_rejection_changes_nothing():
+    b = book()
+    b.submit(spec("high", prio=9, mem=12 * G), 0)
+    b.submit(spec("low", prio=1, mem=12 * G), 0)
+    b.outbox.clear()
+    before = b.snapshot(1)
+    with pytest.raises(ResourceExhausted) as e:
+        b.submit(spec("mid", prio=5, fail_fast=True), 1)
+    assert "FAIL_FAST" in e.value.message
+    assert b.outbox == []
+    after = b.snapshot(1)
+    assert after.leases == before.leases and after.queue == ()
+
+
+@pytest.mark.parametrize("bad, error, text", [
+    (spec("", 0), InvalidArgument, "client_id is required"),
+    (spec("a", mem=-1), InvalidArgument, "memory_bytes must be >= 0"),
+    (spec("a", device_index=3), InvalidArgument, "devices 0..0"),
+    (spec("a", release_grace_s=10_000), InvalidArgument, "release_grace"),
+    (spec("a", mem=25 * G), ResourceExhausted, "can never fit"),
+])
+def test_validation(bad, error, text):
+    b = book()
+    with pytest.raises(error, match=text):
+        b.submit(bad, 0)
+    assert b.snapshot(0).leases == () and b.snapshot(0).queue == ()
+
+
+def test_release_unknown_is_not_found():
+    with pytest.raises(NotFound):
+        book().release("lease-nope", 0)
+
+
+def test_stream_closed_frees_lease_and_grants_next():
+    b = book()
+    a = b.submit(spec("a"), 0)
+    w = b.submit(spec("b"), 0)
+    b.stream_closed(a, 1)
+    assert any(isinstance(e, Granted) for e in events_for(b, w))
+    assert TransitionKind.HOLDER_LOST in [t.kind for t in b.transitions]
+
+
+def test_next_deadline_covers_preempt_and_aging():
+    b = book(default_release_grace_s=3, aging_interval_s=10)
+    b.submit(spec("a", prio=1), 0)
+    b.submit(spec("b", prio=5), 1)
+    assert b.next_deadline(1) == 4
+    b2 = book(aging_interval_s=10)
+    b2.submit(spec("a", prio=1), 0)
+    b2.submit(spec("b", prio=1), 2)
+    assert b2.next_deadline(5) == 12
+
+
+# ---- invariants under random operation sequences ---------------------------------------------
+
+op = st.one_of(
+    st.tuples(st.just("submit"), st.integers(0, 3), st.sampled_from([0, 4, 8, 12, 20]), st.booleans()),
+    st.tuples(st.just("release"), st.integers(0, 50)),
+    st.tuples(st.just("close"), st.integers(0, 50)),
+    st.tuples(st.just("cancel"), st.integers(0, 50)),
+    st.tuples(st.just("tick"), st.floats(0, 3)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(op, max_size=40))
+def test_invariants_hold_for_any_sequence(ops):
+    b = book(n=2, default_release_grace_s=1, aging_interval_s=2)
+    now = 0.0
+    requests: list[str] = []
+    for o in ops:
+        now += 0.1
+        try:
+            if o[0] == "submit":
+                requests.append(b.submit(spec(f"c{len(requests)}", prio=o[1], mem=o[2] * G, fail_fast=o[3]), now))
+            elif o[0] == "release":
+                leases = b.snapshot(now).leases
+                if leases:
+                    b.release(leases[o[1] % len(leases)].lease_id, now)
+            elif o[0] == "close" and requests:
+                b.stream_closed(requests[o[1] % len(requests)], now)
+            elif o[0] == "cancel" and requests:
+                b.cancel(now, request_id=requests[o[1] % len(requests)])
+            elif o[0] == "tick":
+                now += o[1]
+                b.tick(now)
+        except (ResourceExhausted, NotFound):
+            pass
+        snap = b.snapshot(now)
+        for dev in snap.devices:
+            on_dev = [lease for lease in snap.leases if lease.device_index == dev.index]
+            # never double-granted
+            assert sum(lease.memory_bytes for lease in on_dev) <= dev.total_bytes
+            if any(lease.exclusive for lease in on_dev):
+                assert len(on_dev) == 1
+        by_id = {lease.lease_id: lease for lease in snap.leases}
+        for item in snap.queue:
+            for victim in item.waiter.victims:
+                if victim in by_id and by_id[victim].preempt_for == item.waiter.request_id:
+                    # only strictly lower priority holders are ever preempted
+                    assert by_id[victim].granted_priority < item.waiter.spec.holder.priority
+        # every preempting lease belongs to a live waiter
+        waiting = {item.waiter.request_id for item in snap.queue}
+        for lease in snap.leases:
+            if lease.state is LeaseState.PREEMPTING:
+                assert lease.preempt_for in waiting

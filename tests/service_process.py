@@ -1,0 +1,70 @@
+"""Starts our real servers as child processes on loopback port 0 and reads back the bound port."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ServiceProcess:
+    proc: subprocess.Popen
+    address: str
+    stderr_lines: list[str] = field(default_factory=list)
+
+    def log_events(self) -> list[dict]:
+        """The structured log lines the service wrote so far."""
+        out = []
+        for line in list(self.stderr_lines):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0) -> ServiceProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", module, "--listen", listen, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    lines: list[str] = []
+    threading.Thread(target=lambda: [lines.append(l.rstrip("\n")) for l in proc.stderr], daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if msg.get("event") == "listening":
+            return ServiceProcess(proc, msg["address"], lines)
+    proc.kill()
+    raise RuntimeError(f"{module} did not start: {' '.join(lines[-20:])}")

@@ -1,0 +1,39 @@
+"""python -m training_service --listen 127.0.0.1:PORT [--broker 127.0.0.1:PORT]"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from training_service.server import create_training_server
+from service_kit import structured_log
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+
+log = logging.getLogger("training_service")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training_service", description="The training service over gRPC.")
+    p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
+    p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT")
+    p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _main(args: argparse.Namespace) -> None:
+    running = await create_training_server(args.listen)
+    log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
+                                                          "broker": args.broker}})
+    announce("training_service", args.listen, running.port)
+    await serve_until_signalled(running, args.shutdown_grace)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    structured_log.configure(args.log_level)
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()
