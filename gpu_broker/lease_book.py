@@ -240,7 +240,7 @@ class LeaseBook:
         self._apply(plan, now)
         still_waiting = request_id in self._waiters
         position = plan.waiting_order.index(request_id) if request_id in plan.waiting_order else 0
-        reason = self._why_blocked(spec) if still_waiting else "fits now"
+        reason = self._why_blocked(spec, exclude=request_id) if still_waiting else "fits now"
         self.outbox.insert(first_notice, Notice(request_id, Queued(position, reason), now))
         if still_waiting:
             self._waiters[request_id].notified_position = position
@@ -376,7 +376,7 @@ class LeaseBook:
         where = "any device" if spec.device_index is None else f"device {spec.device_index}"
         return f"{what} on {where}"
 
-    def _why_blocked(self, spec: AcquireSpec) -> str:
+    def _why_blocked(self, spec: AcquireSpec, exclude: str = "") -> str:
         pool = self.devices if spec.device_index is None else [self.devices[spec.device_index]]
         parts = []
         for dev in pool:
@@ -385,8 +385,8 @@ class LeaseBook:
             who = ", ".join(f"{lease.holder.client_id} (priority {lease.granted_priority}, "
                             f"{format_bytes(lease.memory_bytes)})" for lease in holders) or "no holders"
             parts.append(f"device {dev.index} has {format_bytes(free)} free, held by {who}")
-        waiting = len(self._waiters)
-        tail = f"; {waiting} request(s) already waiting" if waiting else ""
+        waiting = sum(1 for request_id in self._waiters if request_id != exclude)
+        tail = f"; {waiting} other request(s) waiting" if waiting else ""
         return "; ".join(parts) + tail
 
     # ---- scheduling ---------------------------------------------------------------------

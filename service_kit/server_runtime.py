@@ -1,6 +1,7 @@
 """The shared server runtime: keepalive, health checking, reflection and graceful shutdown."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
@@ -105,6 +106,6 @@ def parse_listen(value: str) -> str:
     """Validates HOST:PORT for --listen."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen wants HOST:PORT (e.g. 127.0.0.1:50051), got {value!r}")
+        raise argparse.ArgumentTypeError(f"wants HOST:PORT (e.g. 127.0.0.1:50051), got {value!r}")
     return value
 

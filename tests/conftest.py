@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
 def start_broker():
     """Starts real broker processes on loopback port 0; stops them after the test."""
     from tests.gpu_broker.harness import BrokerClientSync
-    from tests.service_process import start_service
+    from service_kit.service_process import start_service
 
     started = []
 

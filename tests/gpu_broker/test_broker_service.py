@@ -13,7 +13,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from diffusion.v1 import broker_pb2
 from service_kit.error_interceptor import error_info
 from tests.gpu_broker.harness import GiB
-from tests.service_process import ROOT
+from service_kit.service_process import ROOT
 
 
 def test_grant_status_release(start_broker):

@@ -7,7 +7,7 @@ import pytest
 
 from gpu_broker.client import BrokerClient, LeaseError, LeaseRequest
 from tests.gpu_broker.harness import GiB
-from tests.service_process import free_port, start_service
+from service_kit.service_process import free_port, start_service
 
 
 def run(coro):

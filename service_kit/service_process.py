@@ -1,4 +1,4 @@
-"""Starts our real servers as child processes on loopback port 0 and reads back the bound port."""
+"""Starts our servers as child processes (port 0 allowed) and reads back the bound port: for tests, demo, bench."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository root
 
 
 @dataclass

@@ -1,0 +1,31 @@
+"""The inference and training services start, answer health and reflection, and say UNIMPLEMENTED honestly."""
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from diffusion.v1 import inference_pb2, inference_pb2_grpc, training_pb2, training_pb2_grpc
+from service_kit.service_process import start_service
+
+
+@pytest.mark.parametrize("module, service, call", [
+    ("inference_service", "diffusion.v1.InferenceService",
+     lambda ch: inference_pb2_grpc.InferenceServiceStub(ch).GetCapabilities(inference_pb2.GetCapabilitiesRequest())),
+    ("training_service", "diffusion.v1.TrainingService",
+     lambda ch: training_pb2_grpc.TrainingServiceStub(ch).GetTrainingInfo(training_pb2.GetTrainingInfoRequest())),
+])
+def test_service_starts_with_health_reflection_and_unimplemented_rpcs(module, service, call):
+    proc = start_service(module)
+    try:
+        with grpc.insecure_channel(proc.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == \
+                health_pb2.HealthCheckResponse.SERVING
+            refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+            listed = next(refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+            assert service in {s.name for s in listed.list_services_response.service}
+            with pytest.raises(grpc.RpcError) as e:
+                call(channel)
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        assert proc.stop() == 0
