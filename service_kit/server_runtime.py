@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 # Leases live as long as a stream, so a half-open connection must be noticed in seconds:
 # ping every 2 s, give up 2 s after an unanswered ping (a dead peer is seen within ~4 s).
+# Recent gRPC cores time out unanswered pings by ping_timeout_ms, not keepalive_timeout_ms:
+# without it a frozen (SIGSTOPped) holder kept its lease for a minute.
 KEEPALIVE_MS = 2000
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
@@ -28,6 +30,7 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     # Accept the clients' own 2 s pings instead of answering them with GOAWAY.
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
 )
@@ -36,6 +39,7 @@ CLIENT_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS),
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
 )
 

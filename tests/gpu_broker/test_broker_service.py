@@ -157,6 +157,24 @@ def test_sigkilled_holder_frees_its_lease_within_two_seconds(start_broker):
         holder.wait()
 
 
+def test_frozen_holder_is_noticed_by_keepalive_within_seconds(start_broker):
+    """A half-open peer (SIGSTOP: the socket stays open, nothing answers pings) loses its lease by keepalive."""
+    proc, c = start_broker()
+    timeline = c.timeline()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    holder = subprocess.Popen([sys.executable, "-m", "tests.gpu_broker.holder_process", proc.address, "frozen"],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        lease_id = holder.stdout.readline().strip()
+        stopped_at = time.monotonic()
+        holder.send_signal(signal.SIGSTOP)
+        timeline.wait_for("HOLDER_LOST", timeout=8.0, lease_id=lease_id)
+        assert time.monotonic() - stopped_at < 6.0  # 2 s ping interval + 2 s ping timeout, plus slack
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_priority_then_arrival_order(start_broker):
     _, c = start_broker("--aging-interval", "0")
     holder = c.granted("holder", priority=9)
