@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+from pathlib import Path
 
-from inference_service.server import create_inference_server
 from service_kit import structured_log
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
@@ -13,25 +14,74 @@ log = logging.getLogger("inference_service")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m inference_service", description="The inference service over gRPC.")
+    p = argparse.ArgumentParser(prog="python -m inference_service", description="Diffusion inference over gRPC.")
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
-    p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT")
+    p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT; without it no lease is taken")
+    p.add_argument("--client-id", default="inference-0", help="this instance's name at the broker")
+    p.add_argument("--max-queue-depth", type=int, default=8, help="generations that may wait; more get RESOURCE_EXHAUSTED")
+    p.add_argument("--reload-after-preempt", action="store_true",
+                   help="a Generate for a model the broker preempted re-acquires and reloads it instead of UNAVAILABLE")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
+    p.add_argument("--compile-cache-dir", type=Path,
+                   default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
+                   help="persistent compile cache, so a restart does not pay the full compile again")
+    p.add_argument("--quant-min-features", type=int, default=1024,
+                   help="quantise only linear layers with at least this many input and output features")
+    p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
 
 
+def configure_compile_cache(directory: Path) -> None:
+    """Inductor's FX-graph and autograd caches on disk; set before torch is imported anywhere."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(directory))
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+
+
 async def _main(args: argparse.Namespace) -> None:
-    running = await create_inference_server(args.listen)
-    log.info("inference service started", extra={"fields": {"event": "inference.started", "port": running.port,
-                                                          "broker": args.broker}})
-    announce("inference_service", args.listen, running.port)
-    await serve_until_signalled(running, args.shutdown_grace)
+    from diffusion_kit.host_caps import probe_host
+    from inference_service.engine import InferenceEngine
+    from inference_service.load_request import EngineSettings
+    from inference_service.server import create_inference_server
+
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.disable_progress_bar()  # the service streams progress; bars would only fill the log
+    transformers.utils.logging.disable_progress_bar()
+    caps = await asyncio.to_thread(probe_host)
+    broker = None
+    if args.broker:
+        from gpu_broker.client import BrokerClient
+
+        broker = BrokerClient(args.broker)
+    probe_free = None
+    if caps.device_kind == "cuda":
+        import torch
+
+        probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
+    engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution),
+                             broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
+                             reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free)
+    server = await create_inference_server(args.listen, engine)
+    log.info("inference service started", extra={"fields": {
+        "event": "inference.started", "port": server.running.port, "broker": args.broker,
+        "device": caps.device_name, "device_kind": caps.device_kind, "quant_schemes": sorted(caps.quant_schemes)}})
+    announce("inference_service", args.listen, server.running.port)
+    try:
+        await serve_until_signalled(server.running, args.shutdown_grace)
+    finally:
+        if broker is not None:
+            await broker.close()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     structured_log.configure(args.log_level)
+    configure_compile_cache(args.compile_cache_dir)
     asyncio.run(_main(args))
 
 

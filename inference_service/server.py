@@ -1,15 +1,28 @@
-"""Builds the inference server. Until the engine lands every RPC answers UNIMPLEMENTED (the generated base servicer)."""
+"""Builds the inference server over an engine."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from diffusion.v1 import inference_pb2, inference_pb2_grpc
+from inference_service.engine import InferenceEngine
+from inference_service.servicer import InferenceServicer
 from service_kit.server_runtime import RunningServer, create_server
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 
 
-async def create_inference_server(listen: str) -> RunningServer:
+@dataclass
+class InferenceServer:
+    running: RunningServer
+    engine: InferenceEngine
+
+
+async def create_inference_server(listen: str, engine: InferenceEngine) -> InferenceServer:
     def register(server):
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(inference_pb2_grpc.InferenceServiceServicer(), server)
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(engine), server)
         return [SERVICE_NAME]
 
-    return await create_server(listen, register)
+    running = await create_server(listen, register)
+    engine.start()
+    running.on_drain.append(engine.close)
+    return InferenceServer(running, engine)

@@ -64,3 +64,10 @@ class Cancelled(ServiceError):
 class DeadlineExceeded(ServiceError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
     default_reason = "DEADLINE_EXCEEDED"
+
+
+class Internal(ServiceError):
+    """A bug or an unexpected library failure: the message carries the exception, the log the traceback."""
+
+    code = grpc.StatusCode.INTERNAL
+    default_reason = "INTERNAL"

@@ -1,0 +1,112 @@
+"""The family registry: everything that differs between FLUX.1, Z-Image, Qwen-Image and SDXL.
+
+Adding a family is one entry in FAMILIES. Sizes are the bf16 weight bytes of the real
+checkpoints (parameter counts x 2), used by the memory planner and the training auto policy.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from diffusion.v1 import common_pb2
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    key: str
+    proto: int
+    display: str
+    pipeline_class: str
+    denoiser: str  # the pipeline component that denoises: "transformer" or "unet"
+    denoiser_class: str
+    # The keyword that carries the guidance scale, and whether it is real CFG (needs a negative prompt pass).
+    guidance_kwarg: str
+    guidance_is_cfg: bool
+    takes_negative_prompt: bool
+    # Renders black in fp16: promote to fp32 instead.
+    fp16_incompatible: bool
+    default_steps: int
+    default_guidance: float
+    default_resolution: int
+    lora_targets: tuple[str, ...]
+    denoiser_bytes: int
+    companions_bytes: int  # text encoders + VAE, bf16
+    default_repo: str
+    # Precisions that corrupt this family's output (activation outliers beyond fp8's range).
+    denied_precisions: frozenset[int] = frozenset()
+    # How many text tokens the default pipeline call encodes (for per-step FLOP estimates).
+    max_sequence_length: int = 512
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.denoiser_bytes + self.companions_bytes
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "flux1": FamilySpec(
+        key="flux1", proto=common_pb2.FAMILY_FLUX1, display="FLUX.1", pipeline_class="FluxPipeline",
+        denoiser="transformer", denoiser_class="FluxTransformer2DModel",
+        guidance_kwarg="guidance_scale", guidance_is_cfg=False, takes_negative_prompt=False,
+        fp16_incompatible=False, default_steps=28, default_guidance=3.5, default_resolution=1024,
+        lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+        denoiser_bytes=int(11.9e9 * 2), companions_bytes=int((4.76e9 + 0.12e9 + 0.08e9) * 2),
+        default_repo="black-forest-labs/FLUX.1-dev"),
+    "zimage": FamilySpec(
+        key="zimage", proto=common_pb2.FAMILY_ZIMAGE, display="Z-Image", pipeline_class="ZImagePipeline",
+        denoiser="transformer", denoiser_class="ZImageTransformer2DModel",
+        guidance_kwarg="guidance_scale", guidance_is_cfg=True, takes_negative_prompt=True,
+        fp16_incompatible=True, default_steps=9, default_guidance=0.0, default_resolution=1024,
+        lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+        denoiser_bytes=int(6.15e9 * 2), companions_bytes=int((4.02e9 + 0.08e9) * 2),
+        default_repo="Tongyi-MAI/Z-Image-Turbo"),
+    "qwen_image": FamilySpec(
+        key="qwen_image", proto=common_pb2.FAMILY_QWEN_IMAGE, display="Qwen-Image", pipeline_class="QwenImagePipeline",
+        denoiser="transformer", denoiser_class="QwenImageTransformer2DModel",
+        guidance_kwarg="true_cfg_scale", guidance_is_cfg=True, takes_negative_prompt=True,
+        fp16_incompatible=False, default_steps=50, default_guidance=4.0, default_resolution=1328,
+        lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+        denoiser_bytes=int(20.4e9 * 2), companions_bytes=int((8.3e9 + 0.13e9) * 2),
+        default_repo="Qwen/Qwen-Image",
+        denied_precisions=frozenset({common_pb2.PRECISION_FP8, common_pb2.PRECISION_MXFP8})),
+    "sdxl": FamilySpec(
+        key="sdxl", proto=common_pb2.FAMILY_SDXL, display="SDXL", pipeline_class="StableDiffusionXLPipeline",
+        denoiser="unet", denoiser_class="UNet2DConditionModel",
+        guidance_kwarg="guidance_scale", guidance_is_cfg=True, takes_negative_prompt=True,
+        fp16_incompatible=False, default_steps=30, default_guidance=5.0, default_resolution=1024,
+        lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+        denoiser_bytes=int(2.57e9 * 2), companions_bytes=int((0.12e9 + 0.69e9 + 0.08e9) * 2),
+        default_repo="stabilityai/stable-diffusion-xl-base-1.0", max_sequence_length=77),
+}
+
+BY_PROTO = {spec.proto: spec for spec in FAMILIES.values()}
+BY_PIPELINE = {spec.pipeline_class: spec for spec in FAMILIES.values()}
+
+
+class UnknownFamily(ValueError):
+    pass
+
+
+def family_from_proto(value: int) -> FamilySpec:
+    try:
+        return BY_PROTO[value]
+    except KeyError:
+        names = ", ".join(common_pb2.Family.Name(v) for v in BY_PROTO)
+        raise UnknownFamily(f"unknown family {value}; use one of {names}") from None
+
+
+def family_of_pipeline_dir(path: Path) -> FamilySpec:
+    """The family a diffusers directory holds, from model_index.json's _class_name."""
+    index = json.loads((Path(path) / "model_index.json").read_text())
+    class_name = index.get("_class_name", "")
+    try:
+        return BY_PIPELINE[class_name]
+    except KeyError:
+        known = ", ".join(sorted(BY_PIPELINE))
+        raise UnknownFamily(f"{path} holds a {class_name or 'unnamed'} pipeline; this service serves {known}") from None
+
+
+def proto_name(value: int) -> str:
+    return common_pb2.Family.Name(value)

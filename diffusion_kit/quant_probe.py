@@ -1,0 +1,111 @@
+"""torchao quantisation schemes: their configs, the minimum-feature filter, and the smoke probe that gates them."""
+from __future__ import annotations
+
+from typing import Callable
+
+SCHEMES = ("int8", "fp8", "mxfp8", "nvfp4")
+BLACKWELL_ONLY = frozenset({"mxfp8", "nvfp4"})
+# Token-exact data-center names: HBM parts whose fp8 FP32-accumulate is not halved (A40 is data-center, A4000 is not).
+_DATA_CENTER = {"H100", "H200", "H800", "H20", "B100", "B200", "B300", "GB200", "GB300", "A100", "A800", "A30", "A40",
+                "A10", "A10G", "A16", "A2", "L4", "L20", "L40", "L40S", "V100", "T4", "P100", "GH200"}
+
+
+def is_consumer_gpu(device_name: str) -> bool:
+    """GeForce/TITAN and unknown names count as consumer; only a listed data-center token does not."""
+    tokens = device_name.replace("-", " ").split()
+    return not any(t in _DATA_CENTER for t in tokens)
+
+
+def default_fast_accum(device_name: str) -> bool:
+    """Consumer parts halve fp8 FP32-accumulate throughput, so they want fast accumulate; data-center parts
+    lose little (about 8% on B200 in the reference system's measurements) and keep the accurate path."""
+    return is_consumer_gpu(device_name)
+
+
+def min_feature_filter(min_features: int) -> Callable:
+    """Quantise only Linear layers big enough to gain: tiny projections crash int8's _int_mm and gain nothing."""
+    import torch
+
+    def accept(module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and module.in_features >= min_features
+                and module.out_features >= min_features and module.in_features % 16 == 0
+                and module.out_features % 16 == 0 and "lora_" not in fqn)
+
+    return accept
+
+
+def scheme_config(scheme: str, *, device_kind: str, fast_accum: bool = False):
+    """The torchao config for a scheme (config objects, not strings: diffusers' TorchAoConfig takes these too)."""
+    if scheme == "int8":
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
+        # On the CPU the dynamic-activation kernels gain nothing; weight-only keeps the memory saving.
+        return Int8DynamicActivationInt8WeightConfig() if device_kind == "cuda" else Int8WeightOnlyConfig()
+    if scheme == "fp8":
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8MMConfig, PerRow
+
+        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
+                                                         mm_config=Float8MMConfig(use_fast_accum=fast_accum))
+    if scheme == "mxfp8":
+        from torchao.prototype.mx_formats import MXFPInferenceConfig
+
+        return MXFPInferenceConfig()
+    if scheme == "nvfp4":
+        from torchao.prototype.mx_formats import NVFP4InferenceConfig
+
+        return NVFP4InferenceConfig()
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def text_encoder_config(scheme: str):
+    """Weight-only configs for the text encoder: best effort, memory first."""
+    if scheme == "fp8":
+        from torchao.quantization import Float8WeightOnlyConfig
+
+        return Float8WeightOnlyConfig()
+    return scheme_config(scheme, device_kind="cuda")
+
+
+def why_not(scheme: str, caps) -> str | None:
+    """The capability rule a scheme fails on this host, before any probe; None when it may be tried."""
+    if not caps.torchao:
+        return f"torchao is not usable: {caps.torchao_reason}"
+    if scheme in BLACKWELL_ONLY and not caps.blackwell:
+        return f"{scheme} needs a Blackwell GPU (compute capability 10.0+); this host has {_describe(caps)}"
+    if scheme == "fp8" and not caps.fp8_capable:
+        return f"fp8 needs an NVIDIA GPU with compute capability 8.9+; this host has {_describe(caps)}"
+    if scheme == "int8" and caps.device_kind not in ("cuda", "cpu"):
+        return f"int8 runs on CUDA or the CPU, not {caps.device_kind}"
+    return None
+
+
+def _describe(caps) -> str:
+    if caps.capability:
+        return f"{caps.device_name} (compute capability {caps.capability[0]}.{caps.capability[1]})"
+    return caps.device_name
+
+
+def smoke_probe_schemes(caps) -> tuple[set[str], dict[str, str]]:
+    """Quantises a small Linear with each allowed scheme and runs one matmul on the device; records what fails."""
+    import torch
+    from torchao.quantization import quantize_
+
+    device = "cuda" if caps.device_kind == "cuda" else "cpu"
+    ok, failures = set(), {}
+    for scheme in SCHEMES:
+        reason = why_not(scheme, caps)
+        if reason:
+            failures[scheme] = reason
+            continue
+        try:
+            dtype = torch.bfloat16 if caps.native_bf16 else torch.float32
+            lin = torch.nn.Sequential(torch.nn.Linear(256, 256, bias=False)).to(device, dtype)
+            quantize_(lin, scheme_config(scheme, device_kind=caps.device_kind))
+            with torch.inference_mode():
+                out = lin(torch.randn(32, 256, device=device, dtype=dtype))
+            if not torch.isfinite(out).all():
+                raise RuntimeError("non-finite output")
+            ok.add(scheme)
+        except Exception as e:  # a scheme that fails its probe is reported, never used
+            failures[scheme] = f"{scheme} smoke probe failed: {type(e).__name__}: {str(e)[:200]}"
+    return ok, failures

@@ -1,0 +1,418 @@
+"""The inference engine: one model resident at a time, one GPU worker thread, a bounded generation queue.
+
+Concurrency rules (DESIGN.md):
+- Every torch call runs on the single GPU worker thread; the event loop never blocks on it.
+- A generation holds only the generate lock. Status, cancel and unload never wait behind a denoise.
+- A replacement load cancels the running generation and waits for it to stop, so two
+  pipelines never sit in device memory at once.
+- With a broker, the model's lease is held while it is resident; a preempt cancels, unloads, releases.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import AsyncIterator
+
+from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.resolved import Resolved
+from inference_service import generation, pipeline_builder
+from inference_service.image_encoding import MIME, encode_image
+from inference_service.load_request import EngineSettings, check_request, plan_load
+from inference_service.model_source import resolve_source
+from service_kit.errors import (
+    Aborted,
+    Cancelled,
+    FailedPrecondition,
+    Internal,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
+
+log = logging.getLogger("inference_service.engine")
+
+
+@dataclass
+class LoadEvent:
+    phase: str
+    message: str = ""
+    elapsed_s: float = 0.0
+    bytes_done: int = 0
+    bytes_total: int = 0
+    model: "LoadedModel | None" = None
+
+
+@dataclass
+class GenerationEvent:
+    phase: str
+    queued_position: int | None = None
+    progress: generation.StepReport | None = None
+    result: "GenerationResult | None" = None
+
+
+@dataclass
+class GeneratedImage:
+    data: bytes
+    mime_type: str
+    seed: int
+    width: int
+    height: int
+
+
+@dataclass
+class GenerationResult:
+    images: list[GeneratedImage]
+    queued_s: float
+    encode_prompt_s: float
+    denoise_s: float
+    decode_s: float
+    encode_images_s: float
+    total_s: float
+    resolved: list[Resolved]
+
+
+@dataclass
+class LoadedModel:
+    model_id: str
+    built: pipeline_builder.BuiltPipeline
+    loaded_at: float
+    device_index: int
+    request: pb.LoadRequest
+    lease: object = None  # gpu_broker.client.HeldLease while the broker lends the device
+
+    @property
+    def plan(self) -> pipeline_builder.LoadPlan:
+        return self.built.plan
+
+
+@dataclass
+class _Job:
+    id: str
+    request: pb.GenerateRequest
+    events: asyncio.Queue
+    control: generation.RunControl = field(default_factory=generation.RunControl)
+    enqueued_at: float = field(default_factory=time.perf_counter)
+    running: bool = False
+    last_progress: generation.StepReport | None = None
+
+
+_END = object()
+
+
+class InferenceEngine:
+    def __init__(self, caps: HostCaps, settings: EngineSettings | None = None, *, broker=None,
+                 client_id: str = "inference-0", max_queue_depth: int = 8, reload_after_preempt: bool = False,
+                 probe_free_memory=None):
+        self.caps = caps
+        self.settings = settings or EngineSettings()
+        self.broker = broker  # gpu_broker.client.BrokerClient or None
+        self.client_id = client_id
+        self.max_queue_depth = max_queue_depth
+        self.reload_after_preempt = reload_after_preempt
+        self._probe_free = probe_free_memory
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-worker")
+        self._encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-encode")
+        self._model: LoadedModel | None = None
+        self._load_lock = asyncio.Lock()
+        self._generate_lock = asyncio.Lock()
+        self._pending: list[_Job] = []
+        self._jobs: dict[str, _Job] = {}
+        self._wake = asyncio.Event()
+        self._runner: asyncio.Task | None = None
+        self._unloaded_by_preempt: tuple[pb.LoadRequest, str] | None = None
+        self._load_abort: threading.Event | None = None
+
+    def start(self) -> None:
+        self._runner = asyncio.get_running_loop().create_task(self._run_queue())
+
+    # ---- load / unload ------------------------------------------------------------------
+
+    async def load(self, req: pb.LoadRequest) -> AsyncIterator[LoadEvent]:
+        t0 = time.perf_counter()
+        yield LoadEvent("validating", "checking the request, the files and the host")
+        check_request(req)
+        if req.source.WhichOneof("source") == "hub_repo":
+            yield LoadEvent("downloading", f"scoped download of {req.source.hub_repo.repo_id}", time.perf_counter() - t0)
+        source = await asyncio.to_thread(resolve_source, req.source, req.family)
+        plan = plan_load(req, source, self._caps_now(), self.settings)
+        events: asyncio.Queue = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0))
+        try:
+            while True:
+                event = await events.get()
+                if event is _END:
+                    break
+                yield event
+            yield LoadEvent("ready", f"{plan.model_id} ready", time.perf_counter() - t0, model=await task)
+        finally:
+            if not task.done():
+                if self._load_abort is not None:
+                    self._load_abort.set()
+                await asyncio.shield(asyncio.wait([task]))
+
+    def _caps_now(self) -> HostCaps:
+        """Free memory measured now, counting what the resident model will give back when replaced."""
+        if self._probe_free is None:
+            return self.caps
+        mine = self._model.plan.memory.device_bytes if self._model else 0
+        return self.caps.with_free(self._probe_free() + mine)
+
+    async def _load_plan(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan, events: asyncio.Queue,
+                         t0: float) -> LoadedModel:
+        loop = asyncio.get_running_loop()
+
+        def emit(phase: str, message: str = "") -> None:
+            loop.call_soon_threadsafe(events.put_nowait, LoadEvent(phase, message, time.perf_counter() - t0))
+
+        try:
+            async with self._load_lock:
+                await self._evict(f"replaced by a load of {plan.model_id}")
+                abort = threading.Event()
+                self._load_abort = abort
+                lease = None
+                if self.broker is not None:
+                    emit("waiting_for_gpu", f"asking the broker for {plan.memory.device_bytes / 2**30:.1f} GiB")
+                    lease = await self._acquire(req, plan, abort)
+                try:
+                    built = await loop.run_in_executor(self._worker, partial(pipeline_builder.build, plan, emit, abort))
+                except BaseException:
+                    if lease is not None:
+                        await lease.close()
+                    raise
+                device_index = lease.device_index if lease is not None else (0 if plan.device != "cpu" else -1)
+                self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, lease)
+                self._unloaded_by_preempt = None
+                log.info("model loaded", extra={"fields": {"event": "model.loaded", "model_id": plan.model_id,
+                                                           "family": plan.family.key, "mode": plan.memory.mode}})
+                return self._model
+        except ServiceError:
+            raise
+        except Exception as e:
+            log.exception("load failed")
+            raise Internal(f"load of {plan.model_id} failed: {type(e).__name__}: {e}") from e
+        finally:
+            self._load_abort = None
+            events.put_nowait(_END)
+
+    async def _acquire(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan, abort: threading.Event):
+        from gpu_broker.client import LeaseError, LeaseRequest
+
+        async def on_abort(event):
+            abort.set()
+
+        request = LeaseRequest(self.client_id, purpose=f"inference: {plan.model_id} ({plan.family.display})",
+                               priority=req.priority, memory_bytes=plan.memory.device_bytes,
+                               device_index=req.device_index if req.HasField("device_index") else None)
+        ctx = self.broker.lease(request, on_preempt=self._on_preempt, on_abort=on_abort)
+        try:
+            return await ctx.__aenter__()
+        except LeaseError as e:
+            raise Unavailable(f"the GPU broker did not grant a lease: {e}", reason="NO_LEASE") from e
+
+    async def unload(self, model_id: str) -> int:
+        if self._model is None or self._model.model_id != model_id:
+            raise NotFound(f"model {model_id!r} is not loaded", reason="MODEL_NOT_LOADED")
+        async with self._load_lock:
+            return await self._evict(f"{model_id} unloaded")
+
+    async def _evict(self, reason: str) -> int:
+        """Stops generations, frees the pipeline, releases the lease. Safe with nothing loaded."""
+        for job in list(self._pending):
+            self._fail(job, Aborted(f"generation {job.id} did not start: {reason}", reason="MODEL_REPLACED"))
+        for job in self._jobs.values():
+            if job.running:
+                job.control.cancel_reason = reason
+                job.control.cancel.set()
+        async with self._generate_lock:  # the running generation stops at its next step
+            model, self._model = self._model, None
+            if model is None:
+                return 0
+            freed = await asyncio.get_running_loop().run_in_executor(self._worker, pipeline_builder.unload, model.built)
+        if model.lease is not None:
+            await model.lease.close()
+        log.info("model unloaded", extra={"fields": {"event": "model.unloaded", "model_id": model.model_id,
+                                                     "reason": reason}})
+        return freed
+
+    async def _on_preempt(self, event) -> None:
+        """The broker needs the device: stop, unload; the client library then releases the lease."""
+        if self._load_abort is not None:
+            self._load_abort.set()  # a load in flight stops at its next phase and gives the lease back
+        model = self._model
+        if model is None:
+            return
+        who = event.for_holder.client_id
+        self._unloaded_by_preempt = (model.request, who)
+        model.lease = None  # the client library releases it after this callback
+        await self._evict(f"GPU preempted by {who!r}")
+
+    # ---- generation ---------------------------------------------------------------------
+
+    @staticmethod
+    def new_generation_id() -> str:
+        return "gen-" + uuid.uuid4().hex[:12]
+
+    async def generate(self, req: pb.GenerateRequest, generation_id: str = "") -> AsyncIterator[GenerationEvent]:
+        job_id = generation_id or req.generation_id or self.new_generation_id()
+        if job_id in self._jobs:
+            raise FailedPrecondition(f"generation id {job_id} is already in use", reason="DUPLICATE_GENERATION_ID")
+        await self._ensure_loaded(req.model_id)
+        model = self._model
+        generation.parse_generate(req, model.plan.family, model.built.size_multiple)  # fail fast, before queueing
+        if len(self._pending) >= self.max_queue_depth:
+            raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
+                                    f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
+        job = _Job(job_id, req, asyncio.Queue())
+        self._jobs[job_id] = job
+        self._pending.append(job)
+        self._wake.set()
+        position = len(self._pending) - 1 + (1 if self._running_job() else 0)
+        job.events.put_nowait(GenerationEvent("queued", queued_position=position))
+        finished = False
+        try:
+            while True:
+                event = await job.events.get()
+                if isinstance(event, ServiceError):
+                    finished = True
+                    raise event
+                yield event
+                if event.result is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self.cancel_generation(job_id, "the caller went away or its deadline expired", missing_ok=True)
+            self._jobs.pop(job_id, None)
+
+    async def _ensure_loaded(self, model_id: str) -> None:
+        if self._model is not None and self._model.model_id == model_id:
+            return
+        if self._unloaded_by_preempt and self._unloaded_by_preempt[0].model_id == model_id:
+            request, who = self._unloaded_by_preempt
+            if not self.reload_after_preempt:
+                raise Unavailable(f"model {model_id} was unloaded because the GPU was preempted by {who!r}; "
+                                  "Load it again (or start the service with --reload-after-preempt)",
+                                  reason="UNLOADED_BY_PREEMPTION")
+            async for _ in self.load(request):
+                pass
+            return
+        loaded = self._model.model_id if self._model else "none"
+        raise FailedPrecondition(f"model {model_id!r} is not loaded (loaded: {loaded}); call Load first",
+                                 reason="MODEL_NOT_LOADED")
+
+    def cancel_generation(self, generation_id: str, reason: str = "cancelled by request", missing_ok: bool = False) -> bool:
+        job = self._jobs.get(generation_id)
+        if job is None:
+            if missing_ok:
+                return False
+            raise NotFound(f"no queued or running generation {generation_id!r}", reason="GENERATION_NOT_FOUND")
+        if job.running:
+            job.control.cancel_reason = reason
+            job.control.cancel.set()
+            return True
+        if job in self._pending:
+            self._pending.remove(job)
+            self._fail(job, Cancelled(f"generation {generation_id} cancelled while queued: {reason}",
+                                      reason="GENERATION_CANCELLED"))
+            self._notify_positions()
+        return False
+
+    def _fail(self, job: _Job, error: ServiceError) -> None:
+        if job in self._pending:
+            self._pending.remove(job)
+        job.events.put_nowait(error)
+
+    def _running_job(self) -> _Job | None:
+        return next((j for j in self._jobs.values() if j.running), None)
+
+    def _notify_positions(self) -> None:
+        offset = 1 if self._running_job() else 0
+        for i, job in enumerate(self._pending):
+            job.events.put_nowait(GenerationEvent("queued", queued_position=i + offset))
+
+    async def _run_queue(self) -> None:
+        while True:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            job = self._pending.pop(0)
+            try:
+                await self._run_job(job)
+            except Exception:  # a bug in one job must not stop the queue
+                log.exception("generation crashed")
+                job.events.put_nowait(Internal(f"generation {job.id} failed unexpectedly; see the service log"))
+
+    async def _run_job(self, job: _Job) -> None:
+        loop = asyncio.get_running_loop()
+        async with self._generate_lock:
+            model = self._model
+            if model is None or model.model_id != job.request.model_id:
+                job.events.put_nowait(Aborted(f"model {job.request.model_id} was unloaded before generation "
+                                              f"{job.id} started", reason="MODEL_REPLACED"))
+                return
+            job.running = True
+            self._notify_positions()
+            started = time.perf_counter()
+            family = model.plan.family
+            try:
+                spec = generation.parse_generate(job.request, family, model.built.size_multiple)
+
+                def on_step(report):
+                    job.last_progress = report
+                    loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent("denoising", progress=report))
+
+                def on_phase(phase):
+                    if phase != "denoising":
+                        loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent(phase))
+
+                out = await loop.run_in_executor(self._worker, partial(
+                    generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
+                    model.plan.speed.inference_mode))
+            except ServiceError as e:
+                job.events.put_nowait(e)
+                return
+            except Exception as e:
+                log.exception("generation failed")
+                job.events.put_nowait(Internal(f"generation {job.id} failed: {type(e).__name__}: {e}"))
+                return
+            finally:
+                job.running = False
+        # Encoding runs off the GPU worker, so the next generation can start meanwhile.
+        job.events.put_nowait(GenerationEvent("encoding_images"))
+        t_enc = time.perf_counter()
+        model_resolved = model.built.resolved
+        futures = [loop.run_in_executor(self._encoders, encode_image, img, spec.output_format, spec.encode_quality,
+                                        spec.recipe(family, seed, model_resolved))
+                   for img, seed in zip(out.images, spec.seeds)]
+        datas = await asyncio.gather(*futures)
+        now = time.perf_counter()
+        mime = MIME[spec.output_format or pb.IMAGE_FORMAT_PNG]
+        images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
+        result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
+                                  now - t_enc, now - job.enqueued_at, [*model_resolved, *spec.resolved])
+        job.events.put_nowait(GenerationEvent("done", result=result))
+
+    # ---- observation --------------------------------------------------------------------
+
+    def status(self) -> dict:
+        running = self._running_job()
+        return {"model": self._model, "running": running, "queue_depth": len(self._pending),
+                "max_queue_depth": self.max_queue_depth,
+                "lease_id": self._model.lease.lease_id if self._model and self._model.lease else ""}
+
+    async def close(self) -> None:
+        if self._runner:
+            self._runner.cancel()
+        async with self._load_lock:
+            await self._evict("service shutting down")
+        self._worker.shutdown(wait=False)
+        self._encoders.shutdown(wait=False)

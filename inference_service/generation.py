@@ -1,0 +1,212 @@
+"""One generation: the request checked against the loaded model, then the pipeline call with per-step progress.
+
+Cancellation raises from `callback_on_step_end`, so it takes effect at the next step boundary
+and skips the VAE decode of an image nobody wants.
+"""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.families import FamilySpec
+from diffusion_kit.resolved import Resolved, Source, Status
+from service_kit.errors import Cancelled, InvalidArgument
+
+MAX_SIDE = 4096
+MAX_STEPS = 200
+MAX_IMAGES = 16
+
+
+@dataclass(frozen=True)
+class AdapterUse:
+    adapter_id: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    model_id: str
+    prompt: str
+    negative_prompt: str
+    width: int
+    height: int
+    steps: int
+    guidance: float
+    seeds: tuple[int, ...]
+    adapters: tuple[AdapterUse, ...]
+    output_format: int
+    encode_quality: int | None
+    resolved: tuple[Resolved, ...]
+
+    def recipe(self, family: FamilySpec, seed: int, model_resolved: list[Resolved]) -> dict:
+        """What the image's metadata records: enough to make it again."""
+        settings = {r.control: r.applied for r in model_resolved}
+        return {"model_id": self.model_id, "family": family.key, "prompt": self.prompt,
+                "negative_prompt": self.negative_prompt, "width": self.width, "height": self.height,
+                "steps": self.steps, "guidance_scale": self.guidance, "seed": seed,
+                "adapters": [{"id": a.adapter_id, "weight": a.weight} for a in self.adapters],
+                "settings": settings}
+
+
+def parse_generate(req: pb.GenerateRequest, family: FamilySpec, size_multiple: int) -> GenerationSpec:
+    """Validates against the loaded model and fills the family's defaults, recording each choice."""
+    if not req.prompt.strip():
+        raise InvalidArgument("prompt is required", reason="MISSING_PROMPT")
+    if req.negative_prompt and not family.takes_negative_prompt:
+        raise InvalidArgument(f"{family.display} takes no negative prompt", reason="NEGATIVE_PROMPT_UNSUPPORTED")
+    resolved = []
+
+    def default(control, value, fallback):
+        if value:
+            return value
+        resolved.append(Resolved(control, "unset", str(fallback), Source.DEFAULT, reason=f"{family.display} default"))
+        return fallback
+
+    width = default("width", req.width, family.default_resolution)
+    height = default("height", req.height, family.default_resolution)
+    for name, side in (("width", width), ("height", height)):
+        if side < size_multiple or side > MAX_SIDE or side % size_multiple:
+            raise InvalidArgument(f"{name} must be a multiple of {size_multiple} between {size_multiple} and "
+                                  f"{MAX_SIDE}, got {side}", reason="BAD_SIZE")
+    steps = default("steps", req.steps, family.default_steps)
+    if not 1 <= steps <= MAX_STEPS:
+        raise InvalidArgument(f"steps must be 1..{MAX_STEPS}, got {steps}", reason="BAD_STEPS")
+    if req.HasField("guidance_scale"):
+        guidance = req.guidance_scale
+        if not 0 <= guidance <= 30:
+            raise InvalidArgument(f"guidance_scale must be 0..30, got {guidance}", reason="BAD_GUIDANCE")
+    else:
+        guidance = family.default_guidance
+        resolved.append(Resolved("guidance_scale", "unset", str(guidance), Source.DEFAULT,
+                                 reason=f"{family.display} default"))
+    if req.num_images and req.seeds and req.num_images != len(req.seeds):
+        raise InvalidArgument(f"num_images is {req.num_images} but {len(req.seeds)} seeds were given",
+                              reason="SEED_COUNT_MISMATCH")
+    count = req.num_images or len(req.seeds) or 1
+    if not 1 <= count <= MAX_IMAGES:
+        raise InvalidArgument(f"num_images must be 1..{MAX_IMAGES}, got {count}", reason="BAD_NUM_IMAGES")
+    if any(s < 0 for s in req.seeds):
+        raise InvalidArgument("seeds must be >= 0", reason="BAD_SEED")
+    seeds = tuple(req.seeds) or tuple(secrets.randbits(63) for _ in range(count))
+    if not req.seeds:
+        resolved.append(Resolved("seeds", "unset", ",".join(map(str, seeds)), Source.AUTO, reason="random"))
+    adapters = []
+    for a in req.adapters:
+        if not a.adapter_id:
+            raise InvalidArgument("adapters[].adapter_id is required", reason="MISSING_ADAPTER_ID")
+        if not 0 <= a.weight <= 2:
+            raise InvalidArgument(f"adapter {a.adapter_id} weight must be 0..2, got {a.weight}", reason="BAD_ADAPTER_WEIGHT")
+        adapters.append(AdapterUse(a.adapter_id, a.weight))
+    if len({a.adapter_id for a in adapters}) != len(adapters):
+        raise InvalidArgument("an adapter may appear once per request", reason="DUPLICATE_ADAPTER")
+    if req.output_format not in pb.ImageFormat.values():
+        raise InvalidArgument(f"unknown output_format {req.output_format}", reason="UNKNOWN_ENUM_VALUE")
+    quality = req.encode_quality if req.HasField("encode_quality") else None
+    if quality is not None:
+        fmt = req.output_format or pb.IMAGE_FORMAT_PNG
+        lo, hi = (0, 9) if fmt == pb.IMAGE_FORMAT_PNG else (1, 100)
+        if not lo <= quality <= hi:
+            raise InvalidArgument(f"encode_quality for {pb.ImageFormat.Name(fmt)} must be {lo}..{hi}", reason="BAD_QUALITY")
+    negative = req.negative_prompt
+    if family.guidance_kwarg == "true_cfg_scale" and guidance > 1 and not negative:
+        negative = " "  # Qwen-Image runs CFG only with a negative prompt; a blank one is its documented default
+        resolved.append(Resolved("negative_prompt", "unset", "' '", Source.AUTO,
+                                 reason="true CFG needs a negative prompt; a blank one was used"))
+    return GenerationSpec(req.model_id, req.prompt, negative, width, height, steps, guidance, seeds,
+                          tuple(adapters), req.output_format, quality, tuple(resolved))
+
+
+@dataclass
+class StepReport:
+    step: int
+    total: int
+    elapsed_s: float
+    eta_s: float
+
+
+@dataclass
+class GenerationOutput:
+    images: list
+    encode_prompt_s: float
+    denoise_s: float
+    decode_s: float
+
+
+@dataclass
+class RunControl:
+    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel_reason: str = ""
+
+
+class _EncodeTimer:
+    """Times the text encoders through forward hooks: first entry to last exit."""
+
+    def __init__(self, pipe):
+        self.start = self.end = None
+        self.handles = []
+        for name in ("text_encoder", "text_encoder_2", "text_encoder_3"):
+            module = getattr(pipe, name, None)
+            if module is not None:
+                self.handles.append(module.register_forward_pre_hook(self._pre))
+                self.handles.append(module.register_forward_hook(self._post))
+
+    def _pre(self, *_):
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def _post(self, *_):
+        self.end = time.perf_counter()
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
+def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_step: Callable[[StepReport], None],
+        on_phase: Callable[[str], None], inference_mode: bool) -> GenerationOutput:
+    import torch
+
+    t_call = time.perf_counter()
+    marks = {"first_step": None, "last_step": None}
+
+    def callback(_pipe, index, _timestep, tensors):
+        now = time.perf_counter()
+        if control.cancel.is_set():
+            raise Cancelled(f"generation cancelled at step {index + 1} of {spec.steps}: {control.cancel_reason}",
+                            reason="GENERATION_CANCELLED")
+        if marks["first_step"] is None:
+            marks["first_step"] = timer.end or t_call
+            on_phase("denoising")
+        marks["last_step"] = now
+        elapsed = now - marks["first_step"]
+        done = index + 1
+        on_step(StepReport(done, spec.steps, elapsed, elapsed / done * (spec.steps - done)))
+        if done == spec.steps:
+            on_phase("decoding")
+        return tensors
+
+    kwargs = {"prompt": spec.prompt, "height": spec.height, "width": spec.width,
+              "num_inference_steps": spec.steps, "num_images_per_prompt": len(spec.seeds),
+              "generator": [torch.Generator("cpu").manual_seed(s) for s in spec.seeds],
+              "callback_on_step_end": callback, family.guidance_kwarg: spec.guidance, "output_type": "pil"}
+    if spec.negative_prompt:
+        kwargs["negative_prompt"] = spec.negative_prompt
+    timer = _EncodeTimer(pipe)
+    on_phase("encoding_prompt")
+    try:
+        with torch.inference_mode() if inference_mode else torch.no_grad():
+            images = pipe(**kwargs).images
+    finally:
+        timer.close()
+    t_end = time.perf_counter()
+    encode = (timer.end - timer.start) if timer.start and timer.end else 0.0
+    first = marks["first_step"] or t_call
+    last = marks["last_step"] or first
+    return GenerationOutput(list(images), encode, last - first, t_end - last)
+
+
+__all__ = ["GenerationSpec", "parse_generate", "run", "RunControl", "StepReport", "GenerationOutput", "Status"]

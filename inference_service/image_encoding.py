@@ -1,0 +1,57 @@
+"""Encoded images with the generation recipe embedded, done off the GPU worker thread.
+
+PNG defaults to compression level 1: PIL's default level took 216 ms for one 1024x1024
+image on the H200 host, a large share of an end-to-end budget, for a file ~20% smaller.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+from diffusion.v1 import inference_pb2 as pb
+
+MIME = {pb.IMAGE_FORMAT_PNG: "image/png", pb.IMAGE_FORMAT_WEBP: "image/webp", pb.IMAGE_FORMAT_JPEG: "image/jpeg",
+        pb.IMAGE_FORMAT_RAW_RGB8: "application/octet-stream"}
+DEFAULT_PNG_LEVEL = 1
+DEFAULT_QUALITY = 90
+RECIPE_KEY = "diffusion_recipe"
+
+
+def encode_image(image, fmt: int, quality: int | None, recipe: dict) -> bytes:
+    """PNG (recipe in a text chunk), WebP (XMP), JPEG (comment), or raw RGB8 bytes without metadata."""
+    text = json.dumps(recipe, sort_keys=True)
+    buf = io.BytesIO()
+    if fmt in (pb.IMAGE_FORMAT_UNSPECIFIED, pb.IMAGE_FORMAT_PNG):
+        from PIL.PngImagePlugin import PngInfo
+
+        info = PngInfo()
+        info.add_text(RECIPE_KEY, text)
+        info.add_text("parameters", _a1111_line(recipe))
+        image.save(buf, format="PNG", pnginfo=info, compress_level=DEFAULT_PNG_LEVEL if quality is None else quality)
+    elif fmt == pb.IMAGE_FORMAT_WEBP:
+        xmp = f'<x:xmpmeta xmlns:x="adobe:ns:meta/"><{RECIPE_KEY}>{_xml_escape(text)}</{RECIPE_KEY}></x:xmpmeta>'
+        image.save(buf, format="WEBP", quality=quality or DEFAULT_QUALITY, xmp=xmp.encode())
+    elif fmt == pb.IMAGE_FORMAT_JPEG:
+        image.convert("RGB").save(buf, format="JPEG", quality=quality or DEFAULT_QUALITY, comment=text.encode())
+    elif fmt == pb.IMAGE_FORMAT_RAW_RGB8:
+        return image.convert("RGB").tobytes()
+    else:
+        raise ValueError(f"unknown image format {fmt}")
+    return buf.getvalue()
+
+
+def _a1111_line(recipe: dict) -> str:
+    """The common 'parameters' text other tools read."""
+    neg = f"\nNegative prompt: {recipe['negative_prompt']}" if recipe.get("negative_prompt") else ""
+    return (f"{recipe.get('prompt', '')}{neg}\nSteps: {recipe.get('steps')}, CFG scale: {recipe.get('guidance_scale')}, "
+            f"Seed: {recipe.get('seed')}, Size: {recipe.get('width')}x{recipe.get('height')}, Model: {recipe.get('model_id')}")
+
+
+def _xml_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def read_png_recipe(data: bytes) -> dict:
+    from PIL import Image
+
+    return json.loads(Image.open(io.BytesIO(data)).text[RECIPE_KEY])

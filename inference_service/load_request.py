@@ -1,0 +1,63 @@
+"""A LoadRequest checked and turned into a load plan: every preflight, before any GPU is asked for."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.dtype_policy import resolve_compute_dtype
+from diffusion_kit.families import BY_PROTO
+from diffusion_kit.host_caps import HostCaps
+from inference_service.memory_plan import plan_memory
+from inference_service.model_source import SourceFiles
+from inference_service.pipeline_builder import LoadPlan
+from inference_service.quant_policy import resolve_quant
+from inference_service.speed_plan import plan_speed
+from service_kit.errors import InvalidArgument
+
+MODEL_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# Bits per weight a quantised denoiser keeps, for the footprint estimate (scales and skipped layers included).
+QUANT_BITS = {"int8": 8.5, "fp8": 8.5, "mxfp8": 8.5, "nvfp4": 4.5, "nf4": 4.5}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    quant_min_features: int = 1024
+    compile_backend: str = "inductor"
+    warmup_resolution: int = 1024
+
+
+def check_request(req: pb.LoadRequest) -> None:
+    """What can be checked without touching the disk."""
+    if not MODEL_ID.match(req.model_id):
+        raise InvalidArgument("model_id is required: 1-128 letters, digits, '.', '_' or '-'", reason="BAD_MODEL_ID")
+    if req.family and req.family not in BY_PROTO:
+        raise InvalidArgument(f"unknown family {req.family}", reason="UNKNOWN_ENUM_VALUE")
+    for name in ("compute_precision", "transformer_precision", "text_encoder_precision"):
+        if getattr(req, name) not in c.Precision.values():
+            raise InvalidArgument(f"unknown {name} {getattr(req, name)}", reason="UNKNOWN_ENUM_VALUE")
+    if req.HasField("device_index") and req.device_index < 0:
+        raise InvalidArgument("device_index must be >= 0", reason="BAD_DEVICE_INDEX")
+
+
+def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings: EngineSettings) -> LoadPlan:
+    family = source.family
+    dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
+    fast = req.fp8_fast_accumulate if req.HasField("fp8_fast_accumulate") else None
+    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family)
+    if source.kind == "gguf":
+        quant_bits = 4.5  # typical Q4 GGUF; dequantised per matmul
+    else:
+        quant_bits = QUANT_BITS.get(quant.transformer or "")
+    footprint, largest = source.footprint_bytes(dtype, quant_bits)
+    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
+    memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
+                         total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest)
+    speed = plan_speed(req.speed_mode, device_kind=caps.device_kind, transformer_quant=quant.transformer,
+                       memory_mode=memory.mode, compile_backend=settings.compile_backend)
+    resolved = [dtype_record, *quant.resolved, *memory.resolved, *speed.resolved]
+    return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
+                    speed=speed, device=device, quant_min_features=settings.quant_min_features,
+                    compile_backend=settings.compile_backend, warmup_resolution=settings.warmup_resolution,
+                    resolved=resolved, footprint_bytes=footprint)

@@ -1,0 +1,86 @@
+"""Where a pipeline's weights live: planned from measured free memory and the model's estimated footprint."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffusion.v1 import common_pb2 as c
+from diffusion_kit.resolved import Resolved, Source, Status
+from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+
+GiB = 2**30
+# Activations, workspace and the CUDA context on top of the weights (the Z-Image bf16 pipeline peaked at
+# 27.2 GiB at 1024px with ~20.5 GiB of weights on an H200).
+HEADROOM_BYTES = 3 * GiB
+HEADROOM_FRACTION = 0.15
+# Group offload keeps about this share of the largest component on the device at once (prefetched blocks).
+GROUP_OFFLOAD_SHARE = 0.3
+
+MODES = {c.MEMORY_MODE_RESIDENT: "resident", c.MEMORY_MODE_BALANCED: "balanced",
+         c.MEMORY_MODE_LOW_VRAM: "low_vram", c.MEMORY_MODE_SEQUENTIAL: "sequential"}
+PROTO = {v: k for k, v in MODES.items()}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    mode: str  # resident | balanced | low_vram | sequential
+    vae_slicing: bool
+    vae_tiling: bool
+    device_bytes: int  # what the plan keeps on the device at peak, for the broker lease
+    resolved: tuple[Resolved, ...]
+
+
+def need_for(mode: str, footprint: int, largest: int) -> int:
+    on_device = {"resident": footprint, "balanced": int(largest * GROUP_OFFLOAD_SHARE),
+                 "low_vram": largest, "sequential": largest // 8}[mode]
+    return int(on_device * (1 + HEADROOM_FRACTION)) + HEADROOM_BYTES
+
+
+def plan_memory(requested: int, *, device_kind: str, free_bytes: int, total_bytes: int,
+                footprint_bytes: int, largest_component_bytes: int) -> MemoryPlan:
+    asked = c.MemoryMode.Name(requested)
+    if requested not in (c.MEMORY_MODE_UNSPECIFIED, c.MEMORY_MODE_AUTO, *MODES):
+        raise InvalidArgument(f"unknown memory_mode {requested}", reason="UNKNOWN_ENUM_VALUE")
+    footprint, largest = footprint_bytes, largest_component_bytes
+
+    if device_kind == "cpu":
+        if requested in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL):
+            raise FailedPrecondition(f"{asked} offloads to the CPU from an accelerator, and this host has none; "
+                                     "use AUTO, RESIDENT or BALANCED", reason="OFFLOAD_NEEDS_ACCELERATOR")
+        mode = "balanced" if requested == c.MEMORY_MODE_BALANCED else "resident"
+        source = Source.EXPLICIT if requested in MODES else Source.AUTO
+        why = "CPU host: the weights are already in host memory" if source is Source.AUTO else ""
+        return _plan(mode, asked, source, Status.APPLIED, why, footprint, largest)
+
+    if requested in MODES:
+        mode = MODES[requested]
+        need = need_for(mode, footprint, largest)
+        if need > total_bytes:
+            raise ResourceExhausted(
+                f"{asked} needs about {need / GiB:.1f} GiB on the device and it has {total_bytes / GiB:.1f} GiB in all; "
+                f"use AUTO or a lower memory mode", reason="DOES_NOT_FIT")
+        return _plan(mode, asked, Source.EXPLICIT, Status.APPLIED, "", footprint, largest)
+
+    for mode in ("resident", "balanced", "low_vram", "sequential"):
+        need = need_for(mode, footprint, largest)
+        if need <= free_bytes:
+            why = (f"{mode}: needs about {need / GiB:.1f} GiB, {free_bytes / GiB:.1f} GiB free "
+                   f"(weights {footprint / GiB:.1f} GiB, largest component {largest / GiB:.1f} GiB)")
+            return _plan(mode, asked, Source.AUTO, Status.APPLIED, why, footprint, largest)
+    raise ResourceExhausted(
+        f"does not fit even with sequential offload: about {need_for('sequential', footprint, largest) / GiB:.1f} GiB "
+        f"needed, {free_bytes / GiB:.1f} GiB free", reason="DOES_NOT_FIT")
+
+
+def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footprint: int, largest: int) -> MemoryPlan:
+    # Slicing is exact (bit-identical) and saves memory whenever offloading; tiling is not exact above
+    # 1 MP, so only the memory-starved tiers get it.
+    slicing = mode != "resident"
+    tiling = mode in ("low_vram", "sequential")
+    resolved = (
+        Resolved("memory_mode", asked, c.MemoryMode.Name(PROTO[mode]), source, status, why),
+        Resolved("vae_slicing", "auto", "on" if slicing else "off", Source.AUTO,
+                 reason="on whenever offloading" if slicing else "resident: not needed"),
+        Resolved("vae_tiling", "auto", "on" if tiling else "off", Source.AUTO,
+                 reason="memory-starved tier" if tiling else "kept exact: only low_vram and sequential tile"),
+    )
+    return MemoryPlan(mode, slicing, tiling, need_for(mode, footprint, largest), resolved)

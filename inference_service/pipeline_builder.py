@@ -1,0 +1,202 @@
+"""Builds a pipeline from a load plan: weights, quantisation, placement, speed layer, warm-up. Runs on the GPU worker.
+
+Order matters and is deliberate: quantise before compiling (compile must see the quantised
+modules), and place before compiling (offload hooks change what the graph calls).
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from diffusion_kit.families import FamilySpec
+from diffusion_kit.resolved import Resolved, Source, Status
+from inference_service import backend_flags
+from inference_service.memory_plan import MemoryPlan
+from inference_service.model_source import SourceFiles
+from inference_service.quant_policy import QuantChoice
+from inference_service.speed_plan import SpeedPlan
+from service_kit.errors import Cancelled, FailedPrecondition
+
+TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass
+class LoadPlan:
+    model_id: str
+    family: FamilySpec
+    source: SourceFiles
+    dtype: str
+    quant: QuantChoice
+    memory: MemoryPlan
+    speed: SpeedPlan
+    device: str  # "cuda", "cpu", ...
+    quant_min_features: int
+    compile_backend: str
+    warmup_resolution: int
+    resolved: list[Resolved] = field(default_factory=list)
+    footprint_bytes: int = 0
+
+
+@dataclass
+class BuiltPipeline:
+    pipe: object
+    plan: LoadPlan
+    flags_before: backend_flags.BackendFlags
+    resolved: list[Resolved]
+    compile_warmup_s: float | None = None
+    size_multiple: int = 16
+
+
+def _check(abort: threading.Event | None, phase: str) -> None:
+    if abort is not None and abort.is_set():
+        raise Cancelled(f"load aborted during {phase}", reason="LOAD_ABORTED")
+
+
+def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading.Event | None = None) -> BuiltPipeline:
+    import diffusers
+    import torch
+
+    dtype = getattr(torch, TORCH_DTYPES[plan.dtype])
+    family, src = plan.family, plan.source
+    flags_before = backend_flags.snapshot()
+    resolved = list(plan.resolved)
+
+    on_phase("building", f"{family.pipeline_class} from {src.describe} in {plan.dtype}")
+    kwargs: dict = {"torch_dtype": dtype}
+    denoiser_cls = getattr(diffusers, family.denoiser_class)
+    if src.denoiser_file is not None:
+        single = {"config": str(src.pipeline_dir), "subfolder": family.denoiser, "torch_dtype": dtype}
+        if src.kind == "gguf":
+            single["quantization_config"] = diffusers.GGUFQuantizationConfig(compute_dtype=dtype)
+        kwargs[family.denoiser] = denoiser_cls.from_single_file(str(src.denoiser_file), **single)
+    if plan.quant.transformer == "nf4":
+        kwargs["quantization_config"] = diffusers.PipelineQuantizationConfig(
+            quant_backend="bitsandbytes_4bit",
+            quant_kwargs={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": dtype},
+            components_to_quantize=[family.denoiser])
+    pipeline_cls = getattr(diffusers, family.pipeline_class)
+    pipe = pipeline_cls.from_pretrained(str(src.pipeline_dir), **kwargs)
+    pipe.set_progress_bar_config(disable=True)
+    _check(abort, "building")
+
+    resident = plan.memory.mode == "resident"
+    if resident and plan.device != "cpu":
+        pipe.to(plan.device)  # quantise on the device: seconds instead of minutes on the CPU
+    if plan.quant.transformer in ("int8", "fp8", "mxfp8", "nvfp4") or plan.quant.text_encoder:
+        on_phase("quantizing", f"transformer {plan.quant.transformer or 'dense'}, text encoder "
+                               f"{plan.quant.text_encoder or 'dense'}")
+        resolved += _quantize(pipe, plan)
+        _check(abort, "quantizing")
+
+    _place(pipe, plan)
+    if plan.memory.vae_slicing:
+        pipe.vae.enable_slicing()
+    if plan.memory.vae_tiling:
+        pipe.vae.enable_tiling()
+
+    built = BuiltPipeline(pipe, plan, flags_before, resolved, size_multiple=pipe.vae_scale_factor * 2)
+    speed = plan.speed
+    backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32)
+    if speed.fuse_qkv:
+        denoiser = getattr(pipe, family.denoiser)
+        if hasattr(denoiser, "fuse_qkv_projections"):
+            denoiser.fuse_qkv_projections()
+        else:
+            resolved.append(Resolved("fused_qkv", "on", "off", Source.AUTO, Status.UNSUPPORTED,
+                                     f"{family.denoiser_class} has no fused QKV projections"))
+    if speed.compile:
+        on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
+        getattr(pipe, family.denoiser).compile_repeated_blocks(
+            fullgraph=True, dynamic=True, backend=plan.compile_backend,
+            **({"mode": speed.compile_mode} if speed.compile_mode else {}))
+        _check(abort, "compiling")
+        on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks")
+        t0 = time.perf_counter()
+        warm_up(built, plan.warmup_resolution)
+        built.compile_warmup_s = time.perf_counter() - t0
+        resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
+                                 reason="first call; a warm compile cache makes the next process start fast"))
+    return built
+
+
+def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
+    import torch
+    from torchao.quantization import quantize_
+
+    from diffusion_kit.quant_probe import min_feature_filter, scheme_config, text_encoder_config
+
+    out = []
+    accept = min_feature_filter(plan.quant_min_features)
+    if plan.quant.transformer in ("int8", "fp8", "mxfp8", "nvfp4"):
+        denoiser = getattr(pipe, plan.family.denoiser)
+        linears = [(n, m) for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
+        chosen = sum(1 for n, m in linears if accept(m, n))
+        if chosen == 0:
+            raise FailedPrecondition(
+                f"no linear layer of this transformer has >= {plan.quant_min_features} features: {plan.quant.transformer} "
+                "would change nothing", reason="NOTHING_TO_QUANTIZE")
+        cfg = scheme_config(plan.quant.transformer, device_kind="cuda" if plan.device == "cuda" else "cpu",
+                            fast_accum=plan.quant.fp8_fast_accum)
+        quantize_(denoiser, cfg, filter_fn=accept)
+        out.append(Resolved("transformer_quantized_layers", "", f"{chosen} of {len(linears)}", Source.AUTO,
+                            reason=f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"))
+    if plan.quant.text_encoder:
+        for name in ("text_encoder", "text_encoder_2"):
+            encoder = getattr(pipe, name, None)
+            if encoder is None:
+                continue
+            try:
+                quantize_(encoder, text_encoder_config(plan.quant.text_encoder), filter_fn=accept)
+                out.append(Resolved(f"{name}_precision", plan.quant.text_encoder, plan.quant.text_encoder, Source.EXPLICIT))
+            except Exception as e:  # best effort by contract: reported, never silent
+                out.append(Resolved(f"{name}_precision", plan.quant.text_encoder, "dense", Source.EXPLICIT,
+                                    Status.FELL_BACK, f"quantising failed: {type(e).__name__}: {str(e)[:160]}"))
+    return out
+
+
+def _place(pipe, plan: LoadPlan) -> None:
+    mode, device = plan.memory.mode, plan.device
+    if mode == "resident":
+        pipe.to(device)
+    elif mode == "balanced":
+        stream = device == "cuda"
+        pipe.enable_group_offload(onload_device=device, offload_device="cpu", offload_type="block_level",
+                                  num_blocks_per_group=1, use_stream=stream, **({"record_stream": True} if stream else {}))
+    elif mode == "low_vram":
+        pipe.enable_model_cpu_offload(device=device)
+    elif mode == "sequential":
+        pipe.enable_sequential_cpu_offload(device=device)
+
+
+def warm_up(built: BuiltPipeline, resolution: int) -> None:
+    import torch
+
+    multiple = built.size_multiple
+    size = max(multiple, resolution // multiple * multiple)
+    fam = built.plan.family
+    kwargs = {"prompt": "warm-up", "height": size, "width": size, "num_inference_steps": 2,
+              "generator": torch.Generator("cpu").manual_seed(0), "output_type": "latent",
+              fam.guidance_kwarg: fam.default_guidance}
+    with torch.inference_mode():
+        built.pipe(**kwargs)
+
+
+def unload(built: BuiltPipeline) -> int:
+    """Frees the pipeline and restores the backend flags; returns device bytes freed as measured."""
+    import torch
+
+    cuda = built.plan.device == "cuda"
+    before = torch.cuda.memory_allocated() if cuda else 0
+    pipe = built.pipe
+    built.pipe = None
+    if hasattr(pipe, "remove_all_hooks"):
+        pipe.remove_all_hooks()
+    del pipe
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    backend_flags.restore(built.flags_before)
+    return max(0, before - torch.cuda.memory_allocated()) if cuda else 0

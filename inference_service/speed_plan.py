@@ -1,0 +1,56 @@
+"""What each speed mode switches on, for this model and host."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffusion.v1 import common_pb2 as c
+from diffusion_kit.resolved import Resolved, Source, Status
+from service_kit.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class SpeedPlan:
+    mode: str  # off | default | max
+    compile: bool
+    compile_mode: str | None
+    cudnn_benchmark: bool
+    tf32: bool
+    fuse_qkv: bool
+    inference_mode: bool
+    resolved: tuple[Resolved, ...]
+
+
+def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | None, memory_mode: str,
+               compile_backend: str) -> SpeedPlan:
+    asked = c.SpeedMode.Name(requested)
+    if requested in (c.SPEED_MODE_UNSPECIFIED, c.SPEED_MODE_OFF):
+        source = Source.EXPLICIT if requested == c.SPEED_MODE_OFF else Source.DEFAULT
+        return SpeedPlan("off", False, None, False, False, False, False, (
+            Resolved("speed_mode", asked, "SPEED_MODE_OFF", source, reason="eager: the same seed gives identical bytes"),))
+    if requested not in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX):
+        raise InvalidArgument(f"unknown speed_mode {requested}", reason="UNKNOWN_ENUM_VALUE")
+    mode = "max" if requested == c.SPEED_MODE_MAX else "default"
+    records = [Resolved("speed_mode", asked, asked, Source.EXPLICIT)]
+    compile_ok, why_not = True, ""
+    if transformer_quant == "nf4":
+        compile_ok, why_not = False, "bitsandbytes 4-bit layers are not compiled"
+    elif memory_mode in ("low_vram", "sequential"):
+        compile_ok, why_not = False, f"{memory_mode} offload hooks move modules between devices every call"
+    compile_mode = "max-autotune-no-cudagraphs" if mode == "max" and compile_backend == "inductor" else None
+    records.append(Resolved("compile", "on", f"regional ({compile_backend}{', ' + compile_mode if compile_mode else ''})"
+                            if compile_ok else "off", Source.AUTO,
+                            Status.APPLIED if compile_ok else Status.FELL_BACK,
+                            "compile_repeated_blocks(dynamic=True)" if compile_ok else why_not))
+    cuda = device_kind == "cuda"
+    records.append(Resolved("cudnn_benchmark", "on", "on" if cuda else "off", Source.AUTO,
+                            Status.APPLIED if cuda else Status.UNSUPPORTED, "" if cuda else "no cuDNN on this host"))
+    tf32 = fuse = False
+    if mode == "max":
+        tf32 = cuda
+        records.append(Resolved("tf32", "on", "on" if tf32 else "off", Source.AUTO,
+                                Status.APPLIED if tf32 else Status.UNSUPPORTED, "" if tf32 else "TF32 is CUDA-only"))
+        fuse = transformer_quant is None
+        records.append(Resolved("fused_qkv", "on", "on" if fuse else "off", Source.AUTO,
+                                Status.APPLIED if fuse else Status.FELL_BACK,
+                                "" if fuse else "QKV fusion needs dense weights"))
+    return SpeedPlan(mode, compile_ok, compile_mode, cuda, tf32, fuse, True, tuple(records))
