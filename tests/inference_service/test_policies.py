@@ -1,0 +1,185 @@
+"""Table tests of the pure inference policies, with HostCaps built by hand (no torch device needed)."""
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion_kit.dtype_policy import resolve_compute_dtype
+from diffusion_kit.families import FAMILIES
+from diffusion_kit.host_caps import HostCaps, native_bf16
+from diffusion_kit.quant_probe import is_consumer_gpu
+from diffusion_kit.resolved import Status
+from inference_service.capabilities import family_capabilities
+from inference_service.memory_plan import GiB, plan_memory
+from inference_service.quant_policy import resolve_quant
+from inference_service.speed_plan import plan_speed
+from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+
+H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
+                quant_schemes=frozenset({"int8", "fp8"}), bitsandbytes=True,
+                quant_failures={"mxfp8": "mxfp8 needs a Blackwell GPU", "nvfp4": "nvfp4 needs a Blackwell GPU"})
+T4 = HostCaps("cuda", "Tesla T4", 16 * GiB, 15 * GiB, (7, 5), native_bf16=False, torchao=True,
+              quant_schemes=frozenset({"int8"}), quant_failures={"fp8": "fp8 needs 8.9+"})
+A100_NO_AO = HostCaps("cuda", "NVIDIA A100", 80 * GiB, 79 * GiB, (8, 0), native_bf16=True, torchao=False,
+                      torchao_reason="torchao does not import")
+CPU = HostCaps("cpu", "CPU", 24 * GiB, 22 * GiB, torchao=True, quant_schemes=frozenset({"int8"}),
+               quant_failures={"fp8": "fp8 needs an NVIDIA GPU"}, bitsandbytes_reason="bitsandbytes needs CUDA")
+MPS = HostCaps("mps", "Apple MPS", 64 * GiB, 64 * GiB, native_bf16=False)
+Z, FLUX, QWEN, SDXL = (FAMILIES[k] for k in ("zimage", "flux1", "qwen_image", "sdxl"))
+
+
+@pytest.mark.parametrize("requested, caps, family, dtype, status", [
+    (c.PRECISION_AUTO, H200, FLUX, "bf16", Status.APPLIED),
+    (c.PRECISION_UNSPECIFIED, H200, Z, "bf16", Status.APPLIED),
+    (c.PRECISION_AUTO, T4, FLUX, "fp16", Status.APPLIED),
+    (c.PRECISION_AUTO, T4, Z, "fp32", Status.APPLIED),  # fp16-incompatible family promoted
+    (c.PRECISION_AUTO, MPS, FLUX, "fp32", Status.APPLIED),  # MPS never fp16
+    (c.PRECISION_AUTO, CPU, SDXL, "fp32", Status.APPLIED),
+    (c.PRECISION_FP16, H200, Z, "fp32", Status.FELL_BACK),
+    (c.PRECISION_FP16, H200, FLUX, "fp16", Status.APPLIED),
+    (c.PRECISION_FP16, CPU, FLUX, "fp32", Status.FELL_BACK),
+    (c.PRECISION_BF16, CPU, FLUX, "bf16", Status.APPLIED),
+    (c.PRECISION_FP32, T4, QWEN, "fp32", Status.APPLIED),
+])
+def test_compute_dtype(requested, caps, family, dtype, status):
+    got, record = resolve_compute_dtype(requested, caps, family)
+    assert (got, record.status) == (dtype, status)
+    assert record.reason or status is Status.APPLIED
+
+
+@pytest.mark.parametrize("requested, caps, error", [
+    (c.PRECISION_BF16, T4, FailedPrecondition),  # emulated bf16 is not native
+    (c.PRECISION_NF4, H200, InvalidArgument),
+])
+def test_compute_dtype_rejections(requested, caps, error):
+    with pytest.raises(error):
+        resolve_compute_dtype(requested, caps, FLUX)
+
+
+@pytest.mark.parametrize("kind, cap, rocm, expected", [
+    ("cuda", (7, 5), False, False), ("cuda", (8, 0), False, True), ("cuda", (9, 0), False, True),
+    ("rocm", None, True, True), ("cpu", None, False, False), ("mps", None, False, True),
+])
+def test_native_bf16_is_by_capability(kind, cap, rocm, expected):
+    assert native_bf16(kind, cap, rocm) is expected
+
+
+@pytest.mark.parametrize("name, consumer", [
+    ("NVIDIA H200", False), ("NVIDIA A40", False), ("NVIDIA RTX A4000", True), ("NVIDIA GeForce RTX 4090", True),
+    ("NVIDIA B200", False), ("Some Future GPU", True),
+])
+def test_consumer_gpu_detection(name, consumer):
+    assert is_consumer_gpu(name) is consumer
+
+
+@pytest.mark.parametrize("requested, caps, family, scheme, status", [
+    (c.PRECISION_UNSPECIFIED, H200, FLUX, None, Status.APPLIED),
+    (c.PRECISION_AUTO, H200, FLUX, "fp8", Status.APPLIED),
+    (c.PRECISION_AUTO, H200, QWEN, "int8", Status.APPLIED),  # fp8 denied for Qwen-Image
+    (c.PRECISION_AUTO, T4, FLUX, "int8", Status.APPLIED),
+    (c.PRECISION_AUTO, A100_NO_AO, FLUX, None, Status.FELL_BACK),
+    (c.PRECISION_AUTO, CPU, FLUX, None, Status.FELL_BACK),
+    (c.PRECISION_FP8, H200, Z, "fp8", Status.APPLIED),
+    (c.PRECISION_INT8, CPU, Z, "int8", Status.APPLIED),
+    (c.PRECISION_NF4, H200, FLUX, "nf4", Status.APPLIED),
+])
+def test_transformer_quant(requested, caps, family, scheme, status):
+    choice = resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family)
+    assert (choice.transformer, choice.resolved[0].status) == (scheme, status)
+
+
+@pytest.mark.parametrize("requested, caps, family, error, text", [
+    (c.PRECISION_FP8, H200, QWEN, InvalidArgument, "not allowed for Qwen-Image"),
+    (c.PRECISION_FP8, CPU, FLUX, FailedPrecondition, "fp8"),
+    (c.PRECISION_MXFP8, H200, FLUX, FailedPrecondition, "Blackwell"),
+    (c.PRECISION_NVFP4, H200, FLUX, FailedPrecondition, "Blackwell"),
+    (c.PRECISION_NF4, CPU, FLUX, FailedPrecondition, "bitsandbytes"),
+    (c.PRECISION_INT8, A100_NO_AO, FLUX, FailedPrecondition, "PRECISION_INT8"),
+    (c.PRECISION_BF16, H200, FLUX, InvalidArgument, "compute_precision"),
+])
+def test_transformer_quant_rejections(requested, caps, family, error, text):
+    with pytest.raises(error, match=text):
+        resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family)
+
+
+def test_fp8_fast_accumulate_by_gpu_class_and_override():
+    auto = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, None, H200, FLUX)
+    assert auto.fp8_fast_accum is False and auto.resolved[-1].control == "fp8_fast_accumulate"
+    forced = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, True, H200, FLUX)
+    assert forced.fp8_fast_accum is True
+
+
+@pytest.mark.parametrize("requested, caps, scheme, status", [
+    (c.PRECISION_FP8, H200, "fp8", Status.APPLIED),
+    (c.PRECISION_NVFP4, H200, "fp8", Status.FELL_BACK),
+    (c.PRECISION_FP8, CPU, None, Status.FELL_BACK),
+    (c.PRECISION_NVFP4, T4, None, Status.FELL_BACK),
+])
+def test_text_encoder_quant_is_best_effort(requested, caps, scheme, status):
+    choice = resolve_quant(c.PRECISION_UNSPECIFIED, requested, None, caps, FLUX)
+    assert (choice.text_encoder, choice.resolved[1].status) == (scheme, status)
+
+
+@pytest.mark.parametrize("requested, kind, free, footprint, largest, mode, slicing, tiling", [
+    (c.MEMORY_MODE_AUTO, "cuda", 139 * GiB, 33 * GiB, 24 * GiB, "resident", False, False),
+    (c.MEMORY_MODE_AUTO, "cuda", 24 * GiB, 33 * GiB, 24 * GiB, "balanced", True, False),
+    (c.MEMORY_MODE_AUTO, "cuda", 8 * GiB, 40 * GiB, 30 * GiB, "sequential", True, True),
+    (c.MEMORY_MODE_AUTO, "cuda", 20 * GiB, 60 * GiB, 15 * GiB, "balanced", True, False),
+    (c.MEMORY_MODE_UNSPECIFIED, "cpu", 20 * GiB, 8 * GiB, 6 * GiB, "resident", False, False),
+    (c.MEMORY_MODE_BALANCED, "cpu", 20 * GiB, 8 * GiB, 6 * GiB, "balanced", True, False),
+    (c.MEMORY_MODE_LOW_VRAM, "cuda", 10 * GiB, 33 * GiB, 4 * GiB, "low_vram", True, True),
+])
+def test_memory_plan(requested, kind, free, footprint, largest, mode, slicing, tiling):
+    plan = plan_memory(requested, device_kind=kind, free_bytes=free, total_bytes=141 * GiB, footprint_bytes=footprint,
+                       largest_component_bytes=largest)
+    assert (plan.mode, plan.vae_slicing, plan.vae_tiling) == (mode, slicing, tiling)
+    assert plan.resolved[0].control == "memory_mode" and plan.device_bytes > 0
+
+
+@pytest.mark.parametrize("requested, kind, total, error", [
+    (c.MEMORY_MODE_LOW_VRAM, "cpu", 24 * GiB, FailedPrecondition),
+    (c.MEMORY_MODE_SEQUENTIAL, "cpu", 24 * GiB, FailedPrecondition),
+    (c.MEMORY_MODE_RESIDENT, "cuda", 24 * GiB, ResourceExhausted),
+])
+def test_memory_plan_rejections(requested, kind, total, error):
+    with pytest.raises(error):
+        plan_memory(requested, device_kind=kind, free_bytes=total, total_bytes=total, footprint_bytes=33 * GiB,
+                    largest_component_bytes=24 * GiB)
+
+
+def test_nothing_fits_is_resource_exhausted():
+    with pytest.raises(ResourceExhausted, match="sequential"):
+        plan_memory(c.MEMORY_MODE_AUTO, device_kind="cuda", free_bytes=2 * GiB, total_bytes=16 * GiB,
+                    footprint_bytes=33 * GiB, largest_component_bytes=24 * GiB)
+
+
+@pytest.mark.parametrize("requested, kind, quant, memory, compile_, tf32, fuse", [
+    (c.SPEED_MODE_UNSPECIFIED, "cuda", None, "resident", False, False, False),
+    (c.SPEED_MODE_OFF, "cuda", None, "resident", False, False, False),
+    (c.SPEED_MODE_DEFAULT, "cuda", None, "resident", True, False, False),
+    (c.SPEED_MODE_MAX, "cuda", None, "resident", True, True, True),
+    (c.SPEED_MODE_MAX, "cuda", "fp8", "resident", True, True, False),
+    (c.SPEED_MODE_DEFAULT, "cuda", "nf4", "resident", False, False, False),
+    (c.SPEED_MODE_DEFAULT, "cuda", None, "low_vram", False, False, False),
+    (c.SPEED_MODE_MAX, "cpu", None, "resident", True, False, True),
+])
+def test_speed_plan(requested, kind, quant, memory, compile_, tf32, fuse):
+    plan = plan_speed(requested, device_kind=kind, transformer_quant=quant, memory_mode=memory,
+                      compile_backend="inductor")
+    assert (plan.compile, plan.tf32, plan.fuse_qkv) == (compile_, tf32, fuse)
+    for record in plan.resolved:
+        assert record.status is Status.APPLIED or record.reason
+
+
+@pytest.mark.parametrize("caps", [H200, T4, A100_NO_AO, CPU, MPS])
+@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_capabilities_never_advertise_what_load_rejects(caps, family):
+    info = family_capabilities(caps, family)
+    for value in info.compute_precisions:
+        _, record = resolve_compute_dtype(value, caps, family)
+        assert not record.fell_back()
+    for value in info.transformer_precisions:
+        choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family)
+        assert not choice.resolved[0].fell_back()
+    if caps is CPU:
+        assert c.MEMORY_MODE_LOW_VRAM not in info.memory_modes and c.PRECISION_FP8 not in info.transformer_precisions
+    if family is QWEN:
+        assert c.PRECISION_FP8 not in info.transformer_precisions
