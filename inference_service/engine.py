@@ -27,7 +27,6 @@ from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_request import EngineSettings, check_request, plan_load
 from inference_service.model_source import resolve_source
 from service_kit.errors import (
-    Aborted,
     Cancelled,
     FailedPrecondition,
     Internal,
@@ -226,11 +225,11 @@ class InferenceEngine:
     async def _evict(self, reason: str) -> int:
         """Stops generations, frees the pipeline, releases the lease. Safe with nothing loaded."""
         for job in list(self._pending):
-            self._fail(job, Aborted(f"generation {job.id} did not start: {reason}", reason="MODEL_REPLACED"))
+            self._fail(job, Unavailable(f"generation {job.id} did not start: {reason}", reason="MODEL_UNLOADED"))
         for job in self._jobs.values():
             if job.running:
-                job.control.cancel_reason = reason
-                job.control.cancel.set()
+                job.control.stop(reason, Unavailable(f"generation {job.id} stopped: {reason}; retry once a model is "
+                                                     "loaded", reason="MODEL_UNLOADED"))
         async with self._generate_lock:  # the running generation stops at its next step
             model, self._model = self._model, None
             if model is None:
@@ -315,8 +314,7 @@ class InferenceEngine:
                 return False
             raise NotFound(f"no queued or running generation {generation_id!r}", reason="GENERATION_NOT_FOUND")
         if job.running:
-            job.control.cancel_reason = reason
-            job.control.cancel.set()
+            job.control.stop(reason)
             return True
         if job in self._pending:
             self._pending.remove(job)
@@ -356,8 +354,8 @@ class InferenceEngine:
         async with self._generate_lock:
             model = self._model
             if model is None or model.model_id != job.request.model_id:
-                job.events.put_nowait(Aborted(f"model {job.request.model_id} was unloaded before generation "
-                                              f"{job.id} started", reason="MODEL_REPLACED"))
+                job.events.put_nowait(Unavailable(f"model {job.request.model_id} was unloaded before generation "
+                                                  f"{job.id} started", reason="MODEL_UNLOADED"))
                 return
             job.running = True
             self._notify_positions()

@@ -140,6 +140,12 @@ class GenerationOutput:
 class RunControl:
     cancel: threading.Event = field(default_factory=threading.Event)
     cancel_reason: str = ""
+    # What the stream ends with: CANCELLED for a caller's cancel, UNAVAILABLE when the model is going away.
+    cancel_error: Exception | None = None
+
+    def stop(self, reason: str, error: Exception | None = None) -> None:
+        self.cancel_reason, self.cancel_error = reason, error
+        self.cancel.set()
 
 
 class _EncodeTimer:
@@ -176,8 +182,9 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     def callback(_pipe, index, _timestep, tensors):
         now = time.perf_counter()
         if control.cancel.is_set():
-            raise Cancelled(f"generation cancelled at step {index + 1} of {spec.steps}: {control.cancel_reason}",
-                            reason="GENERATION_CANCELLED")
+            raise control.cancel_error or Cancelled(
+                f"generation cancelled at step {index + 1} of {spec.steps}: {control.cancel_reason}",
+                reason="GENERATION_CANCELLED")
         if marks["first_step"] is None:
             marks["first_step"] = timer.end or t_call
             on_phase("denoising")

@@ -72,7 +72,7 @@ class BackgroundStream:
         try:
             for event in self.call:
                 self.events.append(event)
-                if event.WhichOneof("event") == "progress":
+                if "event" in event.DESCRIPTOR.oneofs_by_name and event.WhichOneof("event") == "progress":
                     self.progress.set()
         except grpc.RpcError as e:
             self.error = e

@@ -1,0 +1,109 @@
+"""The inference service under a real broker: preflights before Acquire, preemption, re-acquire."""
+import time
+
+import grpc
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2 as pb
+from service_kit.error_interceptor import error_info
+from service_kit.service_process import start_service
+from tests.inference_service.harness import BackgroundStream, InferenceClient, progress_steps, result_of
+
+
+@pytest.fixture
+def broker_and_inference(start_broker):
+    started = []
+
+    def start(*flags):
+        broker_proc, broker = start_broker(fake_devices="1x24GiB")
+        proc = start_service("inference_service", "--broker", broker_proc.address, "--client-id", "inference-0",
+                             *InferenceClient.TEST_FLAGS, *flags, timeout=180)
+        client = InferenceClient(proc.address)
+        started.append((proc, client))
+        return broker, client, proc
+
+    yield start
+    for proc, client in started:
+        client.close()
+        proc.stop()
+
+
+def test_doomed_loads_never_disturb_the_holder(broker_and_inference, tiny_models, tmp_path):
+    broker, client, _ = broker_and_inference()
+    timeline = broker.timeline()
+    trainer = broker.granted("trainer", priority=0, purpose="LoRA job")
+    (tmp_path / "notes.txt").write_text("not a model")
+    doomed = [
+        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tmp_path / "missing"))),
+         grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tmp_path))),
+         grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_PIPELINE"),
+        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+                        transformer_precision=c.PRECISION_FP8), grpc.StatusCode.FAILED_PRECONDITION,
+         "PRECISION_UNAVAILABLE"),
+        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+                        transformer_precision=c.PRECISION_NF4), grpc.StatusCode.FAILED_PRECONDITION, "NF4_UNAVAILABLE"),
+        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+                        memory_mode=c.MEMORY_MODE_LOW_VRAM), grpc.StatusCode.FAILED_PRECONDITION,
+         "OFFLOAD_NEEDS_ACCELERATOR"),
+        (pb.LoadRequest(model_id="m", priority=9, family=c.FAMILY_FLUX1,
+                        source=pb.ModelSource(local_dir=str(tiny_models["zimage"]))), grpc.StatusCode.INVALID_ARGUMENT,
+         "FAMILY_MISMATCH"),
+        (pb.LoadRequest(model_id="bad id!", source=pb.ModelSource(local_dir=str(tiny_models["zimage"]))),
+         grpc.StatusCode.INVALID_ARGUMENT, "BAD_MODEL_ID"),
+    ]
+    for req, code, reason in doomed:
+        with pytest.raises(grpc.RpcError) as e:
+            client.load_request(req)
+        assert e.value.code() == code, e.value.details()
+        assert error_info(e.value).reason == reason
+    assert trainer.kinds_so_far(0.3) == []
+    assert timeline.kinds() == ["SNAPSHOT", "GRANTED"]  # no preempt, no queue entry, nothing else
+    assert [l.holder.client_id for l in broker.status().leases] == ["trainer"]
+
+    # A sound load at higher priority does preempt, and is granted once the trainer lets go.
+    loading = BackgroundStream(client.stub.Load(pb.LoadRequest(
+        model_id="tiny-z", priority=5, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])))))
+    trainer.wait_for("preempt_requested", timeout=30)
+    broker.release(trainer)
+    assert loading.done.wait(60) and loading.error is None, loading.error
+    assert loading.events[-1].phase == pb.LOAD_PHASE_READY
+    assert pb.LOAD_PHASE_WAITING_FOR_GPU in [e.phase for e in loading.events]
+    leases = broker.status().leases
+    assert [l.holder.client_id for l in leases] == ["inference-0"]
+    assert client.status().lease_id == leases[0].lease_id
+
+
+def test_preempt_cancels_unloads_and_releases(broker_and_inference, tiny_models):
+    broker, client, _ = broker_and_inference()
+    client.load("tiny-z", tiny_models["zimage"], priority=3)
+    running = BackgroundStream(client.generate_stream("tiny-z", steps=200, seeds=[1], width=128, height=128))
+    assert running.progress.wait(30)
+    urgent = broker.acquire("urgent", priority=9)
+    assert urgent.wait_for("granted", timeout=30).granted.holder.client_id == "urgent"
+    assert running.done.wait(10)
+    assert running.error.code() == grpc.StatusCode.UNAVAILABLE and "preempted by 'urgent'" in running.error.details()
+    assert max(progress_steps(running.events)) < 200
+    assert list(client.status().models) == [] and not client.status().lease_id
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate("tiny-z")
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and error_info(e.value).reason == "UNLOADED_BY_PREEMPTION"
+
+
+def test_reload_after_preempt(broker_and_inference, tiny_models):
+    broker, client, _ = broker_and_inference("--reload-after-preempt")
+    client.load("tiny-z", tiny_models["zimage"], priority=3)
+    first = result_of(client.generate("tiny-z", seeds=[4]))
+    urgent = broker.granted("urgent", priority=9)
+    deadline = time.monotonic() + 10
+    while client.status().models:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    waiting = BackgroundStream(client.generate_stream("tiny-z", steps=2, seeds=[4]))
+    time.sleep(0.5)
+    assert not waiting.done.is_set()  # re-acquiring: queued behind the urgent holder
+    broker.release(urgent)
+    assert waiting.done.wait(60) and waiting.error is None, waiting.error
+    assert waiting.events[-1].result.images[0].data == first.images[0].data
+    assert [l.holder.client_id for l in broker.status().leases] == ["inference-0"]
