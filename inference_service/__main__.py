@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent compile cache, so a restart does not pay the full compile again")
     p.add_argument("--quant-min-features", type=int, default=1024,
                    help="quantise only linear layers with at least this many input and output features")
+    p.add_argument("--adapter-store", type=Path,
+                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
+                   help="the LoRA adapter store the training service publishes to")
     p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
@@ -42,6 +45,7 @@ def configure_compile_cache(directory: Path) -> None:
 
 
 async def _main(args: argparse.Namespace) -> None:
+    from diffusion_kit.adapter_store import AdapterStore
     from diffusion_kit.host_caps import probe_host
     from inference_service.engine import InferenceEngine
     from inference_service.load_request import EngineSettings
@@ -65,7 +69,8 @@ async def _main(args: argparse.Namespace) -> None:
         probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
-                             reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free)
+                             reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
+                             adapter_store=AdapterStore(args.adapter_store))
     server = await create_inference_server(args.listen, engine)
     log.info("inference service started", extra={"fields": {
         "event": "inference.started", "port": server.running.port, "broker": args.broker,

@@ -22,7 +22,8 @@ from typing import AsyncIterator
 from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved
-from inference_service import generation, pipeline_builder
+from diffusion_kit.adapter_store import AdapterStore
+from inference_service import generation, lora_runtime, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_request import EngineSettings, check_request, plan_load
 from inference_service.model_source import resolve_source
@@ -86,6 +87,7 @@ class LoadedModel:
     device_index: int
     request: pb.LoadRequest
     lease: object = None  # gpu_broker.client.HeldLease while the broker lends the device
+    lora: lora_runtime.LoraState = field(default_factory=lora_runtime.LoraState)
 
     @property
     def plan(self) -> pipeline_builder.LoadPlan:
@@ -109,7 +111,7 @@ _END = object()
 class InferenceEngine:
     def __init__(self, caps: HostCaps, settings: EngineSettings | None = None, *, broker=None,
                  client_id: str = "inference-0", max_queue_depth: int = 8, reload_after_preempt: bool = False,
-                 probe_free_memory=None):
+                 probe_free_memory=None, adapter_store: AdapterStore | None = None):
         self.caps = caps
         self.settings = settings or EngineSettings()
         self.broker = broker  # gpu_broker.client.BrokerClient or None
@@ -117,6 +119,7 @@ class InferenceEngine:
         self.max_queue_depth = max_queue_depth
         self.reload_after_preempt = reload_after_preempt
         self._probe_free = probe_free_memory
+        self.adapters = adapter_store
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-worker")
         self._encoders = ThreadPoolExecutor(max_workers=2, thread_name_prefix="image-encode")
         self._model: LoadedModel | None = None
@@ -234,6 +237,7 @@ class InferenceEngine:
             model, self._model = self._model, None
             if model is None:
                 return 0
+            lora_runtime.release_adapters(self.adapters, model.lora, self.client_id)
             freed = await asyncio.get_running_loop().run_in_executor(self._worker, pipeline_builder.unload, model.built)
         if model.lease is not None:
             await model.lease.close()
@@ -265,7 +269,8 @@ class InferenceEngine:
             raise FailedPrecondition(f"generation id {job_id} is already in use", reason="DUPLICATE_GENERATION_ID")
         await self._ensure_loaded(req.model_id)
         model = self._model
-        generation.parse_generate(req, model.plan.family, model.built.size_multiple)  # fail fast, before queueing
+        spec = generation.parse_generate(req, model.plan.family, model.built.size_multiple)  # fail fast, before queueing
+        lora_runtime.check_adapters(self.adapters, spec.adapters, model.plan.family)
         if len(self._pending) >= self.max_queue_depth:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
@@ -372,6 +377,9 @@ class InferenceEngine:
                     if phase != "denoising":
                         loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent(phase))
 
+                adapter_records = await loop.run_in_executor(self._worker, partial(
+                    lora_runtime.apply_adapters, model.built.pipe, self.adapters, spec.adapters, model.lora,
+                    self.client_id, model.plan.speed.compile))
                 out = await loop.run_in_executor(self._worker, partial(
                     generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
                     model.plan.speed.inference_mode))
@@ -396,7 +404,8 @@ class InferenceEngine:
         mime = MIME[spec.output_format or pb.IMAGE_FORMAT_PNG]
         images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
         result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
-                                  now - t_enc, now - job.enqueued_at, [*model_resolved, *spec.resolved])
+                                  now - t_enc, now - job.enqueued_at,
+                                  [*model_resolved, *spec.resolved, *adapter_records])
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

@@ -1,0 +1,152 @@
+"""The adapter store: LoRA adapters by id, shared by the training service (publishes) and inference (loads).
+
+Layout, one folder per adapter:
+    <root>/<adapter_id>/pytorch_lora_weights.safetensors   diffusers/peft layout
+    <root>/<adapter_id>/adapter.json                        the sidecar (family, base, rank, alpha, LoRA config, ...)
+    <root>/<adapter_id>/pins/<pid>-<holder>                 one file per process that has it loaded
+Publishing is atomic (a staging folder renamed into place). A pinned adapter cannot be deleted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound
+
+WEIGHTS = "pytorch_lora_weights.safetensors"
+SIDECAR = "adapter.json"
+ADAPTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    adapter_id: str
+    family: str  # FamilySpec.key
+    base: str
+    rank: int
+    alpha: float
+    lora_config: dict
+    steps: int = 0
+    resolution: int = 0
+    trigger_words: tuple[str, ...] = ()
+    job_id: str = ""
+    created: float = field(default_factory=time.time)
+    size_bytes: int = 0
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["trigger_words"] = list(self.trigger_words)
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, size_bytes: int = 0) -> "AdapterInfo":
+        data = json.loads(text)
+        data["trigger_words"] = tuple(data.get("trigger_words", ()))
+        data["size_bytes"] = size_bytes
+        return cls(**data)
+
+
+def check_adapter_id(adapter_id: str) -> None:
+    if not ADAPTER_ID.match(adapter_id or ""):
+        raise InvalidArgument(f"adapter ids are 1-128 letters, digits, '.', '_' or '-', got {adapter_id!r}",
+                              reason="BAD_ADAPTER_ID")
+
+
+class AdapterStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, adapter_id: str) -> Path:
+        check_adapter_id(adapter_id)
+        return self.root / adapter_id
+
+    def get(self, adapter_id: str) -> AdapterInfo:
+        folder = self.path(adapter_id)
+        sidecar = folder / SIDECAR
+        if not sidecar.is_file() or not (folder / WEIGHTS).is_file():
+            raise NotFound(f"no adapter {adapter_id!r} in the store {self.root}", reason="ADAPTER_NOT_FOUND",
+                           metadata={"adapter_id": adapter_id})
+        return AdapterInfo.from_json(sidecar.read_text(), (folder / WEIGHTS).stat().st_size)
+
+    def list(self) -> list[AdapterInfo]:
+        out = []
+        for folder in sorted(self.root.iterdir()):
+            if folder.name.startswith(".") or not (folder / SIDECAR).is_file():
+                continue
+            out.append(self.get(folder.name))
+        return out
+
+    def publish(self, info: AdapterInfo, weights_file: Path, *, replace: bool = False) -> AdapterInfo:
+        """Moves weights and a sidecar into place in one rename; a reader never sees half an adapter."""
+        target = self.path(info.adapter_id)
+        if target.exists() and not replace:
+            raise FailedPrecondition(f"adapter {info.adapter_id!r} already exists; choose another id",
+                                     reason="ADAPTER_EXISTS")
+        staging = self.root / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir()
+        shutil.copyfile(weights_file, staging / WEIGHTS)
+        (staging / SIDECAR).write_text(info.to_json())
+        if target.exists():
+            self._refuse_if_pinned(info.adapter_id, "replace")
+            trash = self.root / f".trash-{uuid.uuid4().hex}"
+            target.rename(trash)
+            shutil.rmtree(trash)
+        staging.rename(target)
+        return self.get(info.adapter_id)
+
+    def delete(self, adapter_id: str) -> AdapterInfo:
+        info = self.get(adapter_id)
+        self._refuse_if_pinned(adapter_id, "delete")
+        trash = self.root / f".trash-{uuid.uuid4().hex}"
+        self.path(adapter_id).rename(trash)
+        shutil.rmtree(trash)
+        return info
+
+    # ---- pins: which live processes have an adapter loaded ------------------------------
+
+    def pin(self, adapter_id: str, holder: str) -> None:
+        pins = self.path(adapter_id) / "pins"
+        pins.mkdir(exist_ok=True)
+        (pins / f"{os.getpid()}-{holder}").touch()
+
+    def unpin(self, adapter_id: str, holder: str) -> None:
+        try:
+            (self.path(adapter_id) / "pins" / f"{os.getpid()}-{holder}").unlink()
+        except FileNotFoundError:
+            pass
+
+    def live_pins(self, adapter_id: str) -> list[str]:
+        pins = self.path(adapter_id) / "pins"
+        if not pins.is_dir():
+            return []
+        live = []
+        for pin in pins.iterdir():
+            pid = int(pin.name.split("-", 1)[0])
+            if _alive(pid):
+                live.append(pin.name.split("-", 1)[1])
+            else:
+                pin.unlink(missing_ok=True)  # left by a process that died
+        return live
+
+    def _refuse_if_pinned(self, adapter_id: str, what: str) -> None:
+        holders = self.live_pins(adapter_id)
+        if holders:
+            raise FailedPrecondition(f"cannot {what} adapter {adapter_id!r}: loaded by {', '.join(sorted(holders))}; "
+                                     "unload it there first", reason="ADAPTER_IN_USE")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,82 @@
+"""LoRA adapters by id at generation time, against a real service and a real adapter store."""
+import grpc
+import pytest
+
+from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.adapter_store import AdapterStore
+from service_kit.error_interceptor import error_info
+from service_kit.service_process import start_service
+from tests.inference_service.harness import InferenceClient, decode, result_of
+from tests.inference_service.lora_helper import publish_random_adapter
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tiny_models, tmp_path_factory):
+    store = AdapterStore(tmp_path_factory.mktemp("adapters"))
+    publish_random_adapter(store, "zimage", tiny_models["zimage"], "z-style", seed=1)
+    publish_random_adapter(store, "zimage", tiny_models["zimage"], "z-other", seed=2)
+    publish_random_adapter(store, "flux1", tiny_models["flux1"], "flux-style", seed=3)
+    proc = start_service("inference_service", *InferenceClient.TEST_FLAGS, "--adapter-store", str(store.root),
+                         timeout=180)
+    client = InferenceClient(proc.address)
+    client.load("tiny-z", tiny_models["zimage"])
+    yield store, client
+    client.close()
+    proc.stop()
+
+
+def image(client, adapters=(), seed=9):
+    refs = [pb.AdapterRef(adapter_id=a, weight=w) for a, w in adapters]
+    return result_of(client.generate("tiny-z", seeds=[seed], adapters=refs))
+
+
+def pixels(data: bytes) -> bytes:
+    return decode(pb.GeneratedImage(data=data)).tobytes()
+
+
+def test_weight_zero_is_the_base_image_and_weight_one_changes_it(lora_setup):
+    store, client = lora_setup
+    base = image(client).images[0].data
+    styled = image(client, [("z-style", 1.0)])
+    assert styled.images[0].data != base
+    records = {r.control: r for r in styled.resolved}
+    assert records["adapter:z-style"].applied == "1"
+    zero = image(client, [("z-style", 0.0)]).images[0].data
+    assert pixels(zero) == pixels(base)  # exactly the base image (the recipe text records the adapter)
+    assert zero != base
+    assert image(client).images[0].data == base  # no adapters again: the base model exactly
+    assert store.live_pins("z-style") == ["inference-0"]  # loaded, so it may not be deleted
+
+
+def test_several_adapters_and_weights(lora_setup):
+    _, client = lora_setup
+    one = image(client, [("z-style", 1.0)]).images[0].data
+    both = image(client, [("z-style", 1.0), ("z-other", 0.7)]).images[0].data
+    half = image(client, [("z-style", 0.5)]).images[0].data
+    assert len({one, both, half}) == 3
+
+
+@pytest.mark.parametrize("adapter, code, reason", [
+    ("flux-style", grpc.StatusCode.INVALID_ARGUMENT, "ADAPTER_FAMILY_MISMATCH"),
+    ("missing", grpc.StatusCode.NOT_FOUND, "ADAPTER_NOT_FOUND"),
+    ("../etc", grpc.StatusCode.INVALID_ARGUMENT, "BAD_ADAPTER_ID"),
+])
+def test_bad_adapters_are_rejected_before_queueing(lora_setup, adapter, code, reason):
+    _, client = lora_setup
+    with pytest.raises(grpc.RpcError) as e:
+        image(client, [(adapter, 1.0)])
+    assert e.value.code() == code and error_info(e.value).reason == reason
+
+
+def test_pinned_adapter_cannot_be_deleted_until_unloaded(lora_setup, tiny_models):
+    from service_kit.errors import FailedPrecondition
+
+    store, client = lora_setup
+    image(client, [("z-other", 1.0)])
+    with pytest.raises(FailedPrecondition, match="loaded by inference-0"):
+        store.delete("z-other")
+    client.stub.Unload(pb.UnloadRequest(model_id="tiny-z"))
+    assert store.live_pins("z-other") == []
+    store.delete("z-other")
+    assert [a.adapter_id for a in store.list()] == ["flux-style", "z-style"]
+    client.load("tiny-z", tiny_models["zimage"])
