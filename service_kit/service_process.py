@@ -48,8 +48,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0) -> ServiceProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0,
+                  env: dict[str, str] | None = None) -> ServiceProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", module, "--listen", listen, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
