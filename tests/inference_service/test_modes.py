@@ -1,0 +1,71 @@
+"""Speed, memory and precision modes that run on a CPU host, through the real service."""
+import numpy as np
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from tests.inference_service.harness import decode, result_of
+
+
+def settings(events):
+    return {r.control: r for r in events[-1].result.resolved}
+
+
+def pixels(result):
+    return np.asarray(decode(result.images[0]), dtype=np.int16)
+
+
+@pytest.mark.parametrize("mode", [c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX])
+def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models, mode):
+    _, client = inference_service
+    client.load("eager", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
+    reference = pixels(result_of(client.generate("eager", seeds=[2])))
+    events = client.load("fast", tiny_models["zimage"], speed_mode=mode)
+    phases = [e.phase for e in events]
+    from diffusion.v1 import inference_pb2 as pb
+    assert pb.LOAD_PHASE_COMPILING in phases and pb.LOAD_PHASE_WARMING in phases
+    s = settings(events)
+    assert s["compile"].applied.startswith("regional (aot_eager") and s["compile"].status == c.SETTING_STATUS_APPLIED
+    assert s["cudnn_benchmark"].status == c.SETTING_STATUS_UNSUPPORTED  # honest on a CPU host
+    assert "compile_warmup" in s
+    out = pixels(result_of(client.generate("fast", seeds=[2])))
+    assert np.abs(out - reference).max() <= 3
+
+
+def test_backend_flags_restored_so_off_is_bit_identical_after_max(inference_service, tiny_models):
+    _, client = inference_service
+    client.load("m", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
+    before = result_of(client.generate("m", seeds=[8])).images[0].data
+    client.load("m", tiny_models["zimage"], speed_mode=c.SPEED_MODE_MAX)
+    client.load("m", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
+    assert result_of(client.generate("m", seeds=[8])).images[0].data == before
+
+
+def test_int8_transformer_on_cpu(inference_service, tiny_models):
+    _, client = inference_service
+    client.load("dense", tiny_models["zimage"])
+    reference = pixels(result_of(client.generate("dense", seeds=[2])))
+    events = client.load("q", tiny_models["zimage"], transformer_precision=c.PRECISION_INT8)
+    s = settings(events)
+    assert s["transformer_precision"].applied == "PRECISION_INT8"
+    done, total = map(int, s["transformer_quantized_layers"].applied.split(" of "))
+    assert 0 < done <= total
+    out = pixels(result_of(client.generate("q", seeds=[2])))
+    assert not np.array_equal(out, reference) and np.abs(out - reference).mean() < 10
+
+
+def test_auto_precision_on_cpu_falls_back_with_a_reason(inference_service, tiny_models):
+    _, client = inference_service
+    s = settings(client.load("a", tiny_models["zimage"], transformer_precision=c.PRECISION_AUTO,
+                             text_encoder_precision=c.PRECISION_FP8))
+    assert s["transformer_precision"].status == c.SETTING_STATUS_FELL_BACK and "CUDA" in s["transformer_precision"].reason
+    assert s["text_encoder_precision"].status == c.SETTING_STATUS_FELL_BACK and s["text_encoder_precision"].reason
+
+
+def test_balanced_group_offload_on_cpu_is_exact(inference_service, tiny_models):
+    _, client = inference_service
+    client.load("r", tiny_models["sdxl"])
+    reference = result_of(client.generate("r", seeds=[4]))
+    s = settings(client.load("b", tiny_models["sdxl"], memory_mode=c.MEMORY_MODE_BALANCED))
+    assert s["memory_mode"].applied == "MEMORY_MODE_BALANCED" and s["vae_slicing"].applied == "on"
+    assert s["vae_tiling"].applied == "off"
+    assert np.array_equal(pixels(result_of(client.generate("b", seeds=[4]))), pixels(reference))
