@@ -1,5 +1,6 @@
 # The two set-up commands are `make demo` and `make test`; everything else is what they call.
 PYTHON ?= python3
+TORCH_VERSION ?= 2.13.0
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
@@ -7,12 +8,14 @@ BUF    := node_modules/.bin/buf
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test demo stubs check-stubs lint-proto bench-broker clean
+.PHONY: install test demo demo-broker stubs lint-proto bench-broker clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("Python 3.11+ is required, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: a plain `torch` requirement would pull a multi-GB CUDA build on CPU machines.
+	$(BIN)/python -m pip install --quiet torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -34,7 +37,12 @@ lint-proto: $(BUF)
 test: $(STAMP) lint-proto
 	$(BIN)/python -m pytest
 
+## The main job: broker + inference on loopback, a locally built model, one image over gRPC.
 demo: $(STAMP)
+	$(BIN)/python -m demos.generate_demo
+
+## Two clients contending for one device: grant, preempt, release, regrant.
+demo-broker: $(STAMP)
 	$(BIN)/python -m demos.broker_contention
 
 ## Broker latency benchmark; appends JSON lines to docs/bench/broker.jsonl.
@@ -42,4 +50,4 @@ bench-broker: $(STAMP)
 	$(BIN)/python -m benchmarks.broker_bench --out docs/bench/broker.jsonl
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache
+	rm -rf $(VENV) node_modules .pytest_cache demo-output
