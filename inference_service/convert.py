@@ -57,6 +57,7 @@ def generate_response(event: GenerationEvent, generation_id: str, sequence: int)
             queued=duration(r.queued_s), encode_prompt=duration(r.encode_prompt_s), denoise=duration(r.denoise_s),
             decode=duration(r.decode_s), encode_images=duration(r.encode_images_s), total=duration(r.total_s)))
         msg.result.resolved.extend(x.to_proto() for x in r.resolved)
+        msg.result.peak_memory_bytes = r.peak_memory_bytes
     return msg
 
 

@@ -77,6 +77,7 @@ class GenerationResult:
     encode_images_s: float
     total_s: float
     resolved: list[Resolved]
+    peak_memory_bytes: int = 0
 
 
 @dataclass
@@ -405,7 +406,7 @@ class InferenceEngine:
         images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
         result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
-                                  [*model_resolved, *spec.resolved, *adapter_records])
+                                  [*model_resolved, *spec.resolved, *adapter_records], out.peak_memory_bytes)
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

@@ -134,6 +134,7 @@ class GenerationOutput:
     encode_prompt_s: float
     denoise_s: float
     decode_s: float
+    peak_memory_bytes: int = 0
 
 
 @dataclass
@@ -203,6 +204,9 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     if spec.negative_prompt:
         kwargs["negative_prompt"] = spec.negative_prompt
     timer = _EncodeTimer(pipe)
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     on_phase("encoding_prompt")
     try:
         with torch.inference_mode() if inference_mode else torch.no_grad():
@@ -213,7 +217,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     encode = (timer.end - timer.start) if timer.start and timer.end else 0.0
     first = marks["first_step"] or t_call
     last = marks["last_step"] or first
-    return GenerationOutput(list(images), encode, last - first, t_end - last)
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "RunControl", "StepReport", "GenerationOutput", "Status"]

@@ -251,14 +251,16 @@ class StepProgress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
-    __slots__ = ("images", "timings", "resolved")
+    __slots__ = ("images", "timings", "resolved", "peak_memory_bytes")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedCompositeFieldContainer[GeneratedImage]
     timings: GenerationTimings
     resolved: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResolvedSetting]
-    def __init__(self, images: _Optional[_Iterable[_Union[GeneratedImage, _Mapping]]] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ...) -> None: ...
+    peak_memory_bytes: int
+    def __init__(self, images: _Optional[_Iterable[_Union[GeneratedImage, _Mapping]]] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class GeneratedImage(_message.Message):
     __slots__ = ("data", "mime_type", "seed", "width", "height")

@@ -1,0 +1,214 @@
+"""Every precision, memory mode and speed mode through the gRPC service, measured. Run on a GPU host.
+
+    python -m benchmarks.inference_bench --family zimage --workdir /tmp/bench --out docs/bench/inference.jsonl
+
+Builds a full-size random-weight pipeline (real architecture config; --tiny for the tiny one),
+starts a broker (real NVML inventory) and the inference service under it, and for each mode:
+Load, one untimed generation, then --gens timed ones. Records per mode: load time, compile
+warm-up (cold, and warm after a service restart with the same compile cache), denoise time
+per step, end-to-end Generate latency over gRPC, phase timings, peak VRAM, and PSNR against
+the speed-off bf16 image of the same seed. A mode the card cannot run is recorded with the
+service's reason. One JSON object per figure, appended as soon as it is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2 as pb
+from diffusion.v1 import inference_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import ROOT, start_service
+
+MODES: dict[str, dict] = {
+    "bf16-off": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_OFF),
+    "bf16-default": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp8-default": dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "int8-default": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "auto-default": dict(transformer_precision=c.PRECISION_AUTO, speed_mode=c.SPEED_MODE_DEFAULT),
+    "nf4-off": dict(transformer_precision=c.PRECISION_NF4, speed_mode=c.SPEED_MODE_OFF),
+    "fp16-off": dict(compute_precision=c.PRECISION_FP16, speed_mode=c.SPEED_MODE_OFF),
+    "fp32-off": dict(compute_precision=c.PRECISION_FP32, speed_mode=c.SPEED_MODE_OFF),
+    "te-fp8-off": dict(text_encoder_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_OFF),
+    "te-nvfp4-off": dict(text_encoder_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_OFF),
+    "mxfp8-default": dict(transformer_precision=c.PRECISION_MXFP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "nvfp4-default": dict(transformer_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_DEFAULT),
+    "balanced-off": dict(memory_mode=c.MEMORY_MODE_BALANCED, speed_mode=c.SPEED_MODE_OFF),
+    "low_vram-off": dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
+    "sequential-off": dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
+    "bf16-max": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),
+}
+GEN = {"zimage": dict(width=1024, height=1024, steps=9, guidance_scale=0.0),
+       "flux1": dict(width=1024, height=1024, steps=28, guidance_scale=3.5)}
+TINY_GEN = dict(width=64, height=64, steps=2)
+FEW_STEPS = {"sequential-off": 2}  # sequential streams every weight per step: a few steps show its rate
+
+
+class Recorder:
+    def __init__(self, out: Path | None, family: str, command: str, host: str):
+        self.out, self.family, self.command, self.host = out, family, command, host
+        self.date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def __call__(self, mode: str, metric: str, value: float, unit: str, **extra) -> None:
+        row = {"bench": "inference", "model": self.family, "mode": mode, "metric": metric,
+               "value": round(value, 4) if isinstance(value, float) else value, "unit": unit, "host": self.host,
+               "command": self.command, "date": self.date, **extra}
+        print(json.dumps(row), flush=True)
+        if self.out:
+            with self.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def host_description() -> str:
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        gpu = "no GPU"
+    import torch
+
+    return f"{gpu}; torch {torch.__version__}"
+
+
+def image_array(data: bytes):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.float64)
+
+
+def psnr(a, b) -> float:
+    mse = float(((a - b) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def setting(resolved, control):
+    return next((r for r in resolved if r.control == control), None)
+
+
+def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, reference):
+    req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=pb.ModelSource(local_dir=str(model_dir)),
+                         **MODES[mode])
+    t0 = time.perf_counter()
+    try:
+        events = list(stub.Load(req, timeout=900))
+    except grpc.RpcError as e:
+        record(mode, "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
+        return None
+    record(mode, "load_s", time.perf_counter() - t0, "s")
+    resolved = events[-1].result.resolved
+    applied = {r.control: r.applied for r in resolved}
+    fell_back = {r.control: r.reason for r in resolved if r.status == c.SETTING_STATUS_FELL_BACK}
+    warm = setting(resolved, "compile_warmup")
+    if warm:
+        record(mode, "compile_warmup_s", float(warm.applied.rstrip("s")), "s")
+    steps = FEW_STEPS.get(mode, gen_fields["steps"])
+    fields = {**gen_fields, "steps": steps}
+    request = pb.GenerateRequest(model_id=req.model_id, prompt="a lighthouse on a cliff at dusk, oil painting",
+                                 seeds=[1234], **fields)
+    try:
+        list(stub.Generate(request, timeout=900))  # untimed: first-call effects
+        results = []
+        for _ in range(gens):
+            t = time.perf_counter()
+            out = list(stub.Generate(request, timeout=900))[-1].result
+            results.append((time.perf_counter() - t, out))
+    except grpc.RpcError as e:
+        record(mode, "ran", 0, "bool", detail=f"generate {e.code().name}: {e.details()}")
+        return None
+    record(mode, "ran", 1, "bool", applied=applied, fell_back=fell_back, steps=steps,
+           size=f"{fields['width']}x{fields['height']}")
+    e2e = statistics.median(r[0] for r in results)
+    timings = results[len(results) // 2][1].timings
+    ms = lambda d: d.ToNanoseconds() / 1e6  # noqa: E731
+    record(mode, "e2e_generate_ms", e2e * 1000, "ms", steps=steps)
+    record(mode, "denoise_ms_per_step", statistics.median(ms(r[1].timings.denoise) / steps for r in results), "ms")
+    record(mode, "encode_prompt_ms", ms(timings.encode_prompt), "ms")
+    record(mode, "vae_decode_ms", ms(timings.decode), "ms")
+    record(mode, "image_encode_ms", ms(timings.encode_images), "ms")
+    record(mode, "peak_vram_gib", max(r[1].peak_memory_bytes for r in results) / 2**30, "GiB")
+    image = image_array(results[-1][1].images[0].data)
+    if reference is not None and steps == gen_fields["steps"]:
+        value = psnr(image, reference)
+        record(mode, "psnr_vs_bf16_off_db", value if math.isfinite(value) else 999.0, "dB",
+               note="999 means identical" if not math.isfinite(value) else "")
+    stub.Unload(pb.UnloadRequest(model_id=req.model_id))
+    return image
+
+
+def start_stack(workdir: Path, cache: Path, tiny: bool):
+    import torch
+
+    # The real NVML inventory on a GPU host; a fake one-device inventory where there is none (a CPU dry run).
+    inventory = [] if torch.cuda.is_available() else ["--fake-devices", "1x24GiB"]
+    broker = start_service("gpu_broker", "--log-level", "WARNING", *inventory)
+    return broker, start_inference(broker.address, cache, tiny)
+
+
+def start_inference(broker_address: str, cache: Path, tiny: bool):
+    flags = ["--broker", broker_address, "--compile-cache-dir", str(cache), "--log-level", "WARNING"]
+    if tiny:
+        flags += ["--quant-min-features", "16", "--warmup-resolution", "64"]
+    return start_service("inference_service", *flags, timeout=600)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=["zimage", "flux1"], required=True)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/inference-bench"))
+    p.add_argument("--out", type=Path)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--gens", type=int, default=2)
+    p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
+    p.add_argument("--warm-restart", action="store_true", help="restart the service and time a warm compile")
+    args = p.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = args.workdir / f"{args.family}{'-tiny' if args.tiny else ''}"
+    t = time.perf_counter()
+    build = ("from diffusion_kit.tiny_pipelines import save_tiny_pipeline as s" if args.tiny
+             else "from benchmarks.full_size_pipelines import save_full_size as s")
+    if not (model_dir / "model_index.json").exists():
+        subprocess.run([sys.executable, "-c", f"{build}; s({args.family!r}, {str(model_dir)!r})"], cwd=ROOT, check=True)
+    print(f"model ready in {time.perf_counter() - t:.1f}s", flush=True)
+    command = "python -m benchmarks.inference_bench " + " ".join(sys.argv[1:])
+    record = Recorder(args.out, args.family, command, host_description())
+    gen_fields = TINY_GEN if args.tiny else GEN[args.family]
+    cache = args.workdir / "inductor-cache"
+    broker, inference = start_stack(args.workdir, cache, args.tiny)
+    reference = None
+    try:
+        with grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS) as ch:
+            stub = inference_pb2_grpc.InferenceServiceStub(ch)
+            for mode in args.modes.split(","):
+                print(f"--- {mode}", flush=True)
+                image = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, reference)
+                if mode == "bf16-off" and image is not None:
+                    reference = image
+        if args.warm_restart:
+            inference.stop()
+            inference = start_inference(broker.address, cache, args.tiny)
+            with grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS) as ch:
+                stub = inference_pb2_grpc.InferenceServiceStub(ch)
+                req = pb.LoadRequest(model_id="warm", source=pb.ModelSource(local_dir=str(model_dir)), **MODES["bf16-default"])
+                events = list(stub.Load(req, timeout=900))
+                warm = setting(events[-1].result.resolved, "compile_warmup")
+                record("bf16-default", "compile_warmup_warm_restart_s", float(warm.applied.rstrip("s")), "s",
+                       note="new service process, same compile cache directory")
+    finally:
+        inference.stop()
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()
