@@ -383,7 +383,7 @@ class InferenceEngine:
                     self.client_id, model.plan.speed.compile))
                 out = await loop.run_in_executor(self._worker, partial(
                     generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
-                    model.plan.speed.inference_mode))
+                    model.plan.speed.inference_mode, model.plan.memory.vae_tiling))
             except ServiceError as e:
                 job.events.put_nowait(e)
                 return
@@ -406,7 +406,8 @@ class InferenceEngine:
         images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
         result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
-                                  [*model_resolved, *spec.resolved, *adapter_records], out.peak_memory_bytes)
+                                  [*model_resolved, *spec.resolved, *adapter_records, out.tiling],
+                                  out.peak_memory_bytes)
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

@@ -135,6 +135,7 @@ class GenerationOutput:
     denoise_s: float
     decode_s: float
     peak_memory_bytes: int = 0
+    tiling: Resolved | None = None
 
 
 @dataclass
@@ -173,8 +174,17 @@ class _EncodeTimer:
             h.remove()
 
 
+def choose_tiling(tier_may_tile: bool, width: int, height: int) -> Resolved:
+    from inference_service.memory_plan import TILE_ABOVE_PIXELS
+
+    tile = tier_may_tile and width * height > TILE_ABOVE_PIXELS
+    why = (f"{width}x{height} is above {TILE_ABOVE_PIXELS / 1e6:.1f} MP in an offload tier" if tile
+           else "decoded whole (exact)")
+    return Resolved("vae_tiling_this_image", "auto", "on" if tile else "off", Source.AUTO, reason=why)
+
+
 def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_step: Callable[[StepReport], None],
-        on_phase: Callable[[str], None], inference_mode: bool) -> GenerationOutput:
+        on_phase: Callable[[str], None], inference_mode: bool, tier_may_tile: bool = False) -> GenerationOutput:
     import torch
 
     t_call = time.perf_counter()
@@ -203,6 +213,11 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
               "callback_on_step_end": callback, family.guidance_kwarg: spec.guidance, "output_type": "pil"}
     if spec.negative_prompt:
         kwargs["negative_prompt"] = spec.negative_prompt
+    tiling = choose_tiling(tier_may_tile, spec.width, spec.height)
+    if tiling.applied == "on":
+        pipe.vae.enable_tiling()
+    elif tier_may_tile:
+        pipe.vae.disable_tiling()
     timer = _EncodeTimer(pipe)
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
@@ -218,7 +233,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     first = marks["first_step"] or t_call
     last = marks["last_step"] or first
     peak = torch.cuda.max_memory_allocated() if cuda else 0
-    return GenerationOutput(list(images), encode, last - first, t_end - last, peak)
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "RunControl", "StepReport", "GenerationOutput", "Status"]

@@ -94,8 +94,6 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     _place(pipe, plan)
     if plan.memory.vae_slicing:
         pipe.vae.enable_slicing()
-    if plan.memory.vae_tiling:
-        pipe.vae.enable_tiling()
 
     built = BuiltPipeline(pipe, plan, flags_before, resolved, size_multiple=pipe.vae_scale_factor * 2)
     speed = plan.speed

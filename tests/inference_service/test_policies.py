@@ -183,3 +183,12 @@ def test_capabilities_never_advertise_what_load_rejects(caps, family):
         assert c.MEMORY_MODE_LOW_VRAM not in info.memory_modes and c.PRECISION_FP8 not in info.transformer_precisions
     if family is QWEN:
         assert c.PRECISION_FP8 not in info.transformer_precisions
+
+
+@pytest.mark.parametrize("may_tile, side, tiled", [
+    (False, 2048, False), (True, 1024, False), (True, 1440, False), (True, 1536, True), (True, 2048, True),
+])
+def test_vae_tiling_only_for_large_images_in_offload_tiers(may_tile, side, tiled):
+    from inference_service.generation import choose_tiling
+
+    assert (choose_tiling(may_tile, side, side).applied == "on") is tiled
