@@ -5,6 +5,7 @@ in safetensors), honour HF_HUB_OFFLINE, and are verified on disk before the load
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diffusion_kit.families import FAMILIES, FamilySpec, UnknownFamily, family_from_proto, family_of_pipeline_dir
+from diffusion_kit.families import FamilySpec, UnknownFamily, family_from_proto, family_of_pipeline_dir
 from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -159,6 +160,12 @@ def fetch_hub_repo(repo_id: str, revision: str | None, *, download: Callable | N
     try:
         index_path = Path(hf_hub_download(repo_id, "model_index.json", revision=revision, local_files_only=offline))
         patterns = hub_allow_patterns(json.loads(index_path.read_text()))
+        if not offline:
+            from huggingface_hub import HfApi, constants
+
+            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+            need = download_bytes([(f.rfilename, f.size or 0) for f in info.siblings], patterns)
+            check_disk(Path(constants.HF_HUB_CACHE), int(need * 1.05))
         root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline))
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
@@ -190,11 +197,17 @@ def verify_snapshot(root: Path) -> None:
                                  reason="INCOMPLETE_DOWNLOAD")
 
 
+def download_bytes(files: list[tuple[str, int]], patterns: list[str]) -> int:
+    """Bytes the scoped download fetches: the repo's files that match the allow patterns."""
+    return sum(size for name, size in files if any(fnmatch.fnmatch(name, p) for p in patterns))
+
+
 def check_disk(path: Path, need_bytes: int) -> None:
+    """Disk preflight: before a download, never half-way through it."""
+    path.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path).free
     if free < need_bytes:
         raise ResourceExhausted(f"{path} has {free / 2**30:.1f} GiB free, {need_bytes / 2**30:.1f} GiB needed",
                                 reason="DISK_FULL")
 
 
-__all__ = ["SourceFiles", "resolve_source", "hub_allow_patterns", "fetch_hub_repo", "verify_snapshot", "FAMILIES"]

@@ -1,4 +1,5 @@
 """The broker over real loopback gRPC: a broker process per test, blocking clients."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -136,15 +137,25 @@ def test_waiter_whose_call_deadline_expires_leaves_the_queue(start_broker):
     assert list(c.status().queue) == []
 
 
-def test_sigkilled_holder_frees_its_lease_within_two_seconds(start_broker):
-    proc, c = start_broker()
-    timeline = c.timeline()
+@contextlib.contextmanager
+def holder_process(address: str, client_id: str):
+    """A holder in its own process (tests/gpu_broker/holder_process.py); yields it and its lease id."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    holder = subprocess.Popen([sys.executable, "-m", "tests.gpu_broker.holder_process", proc.address, "doomed"],
+    holder = subprocess.Popen([sys.executable, "-m", "tests.gpu_broker.holder_process", address, client_id],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
         lease_id = holder.stdout.readline().strip()
         assert lease_id.startswith("lease-")
+        yield holder, lease_id
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_sigkilled_holder_frees_its_lease_within_two_seconds(start_broker):
+    proc, c = start_broker()
+    timeline = c.timeline()
+    with holder_process(proc.address, "doomed") as (holder, lease_id):
         assert [l.lease_id for l in c.status().leases] == [lease_id]
         killed_at = time.monotonic()
         holder.send_signal(signal.SIGKILL)
@@ -152,27 +163,17 @@ def test_sigkilled_holder_frees_its_lease_within_two_seconds(start_broker):
         assert time.monotonic() - killed_at < 2.0
         assert lost.transition.holder.client_id == "doomed" and list(lost.state.leases) == []
         assert list(c.status().leases) == []
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_frozen_holder_is_noticed_by_keepalive_within_seconds(start_broker):
     """A half-open peer (SIGSTOP: the socket stays open, nothing answers pings) loses its lease by keepalive."""
     proc, c = start_broker()
     timeline = c.timeline()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    holder = subprocess.Popen([sys.executable, "-m", "tests.gpu_broker.holder_process", proc.address, "frozen"],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    try:
-        lease_id = holder.stdout.readline().strip()
+    with holder_process(proc.address, "frozen") as (holder, lease_id):
         stopped_at = time.monotonic()
         holder.send_signal(signal.SIGSTOP)
         timeline.wait_for("HOLDER_LOST", timeout=8.0, lease_id=lease_id)
         assert time.monotonic() - stopped_at < 6.0  # 2 s ping interval + 2 s ping timeout, plus slack
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_priority_then_arrival_order(start_broker):
