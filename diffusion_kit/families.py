@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diffusion.v1 import common_pb2
+from service_kit.errors import InvalidArgument, NotFound
 
 GB = 10**9
 
@@ -106,6 +107,20 @@ def family_of_pipeline_dir(path: Path) -> FamilySpec:
     except KeyError:
         known = ", ".join(sorted(BY_PIPELINE))
         raise UnknownFamily(f"{path} holds a {class_name or 'unnamed'} pipeline; this service serves {known}") from None
+
+
+def check_pipeline_dir(path: Path, what: str) -> FamilySpec:
+    if not path.exists():
+        raise NotFound(f"{what} {path} does not exist", reason="MODEL_NOT_FOUND", metadata={"path": str(path)})
+    if not path.is_dir() or not (path / "model_index.json").is_file():
+        raise InvalidArgument(f"{what} {path} is not a diffusers pipeline (no model_index.json)",
+                              reason="NOT_A_PIPELINE", metadata={"path": str(path)})
+    try:
+        return family_of_pipeline_dir(path)
+    except UnknownFamily as e:
+        raise InvalidArgument(str(e), reason="UNKNOWN_FAMILY") from e
+    except (json.JSONDecodeError, OSError) as e:
+        raise InvalidArgument(f"{path}/model_index.json is unreadable: {e}", reason="NOT_A_PIPELINE") from e
 
 
 def proto_name(value: int) -> str:

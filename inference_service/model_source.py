@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from diffusion_kit.families import FamilySpec, UnknownFamily, family_from_proto, family_of_pipeline_dir
+from diffusion_kit.families import FamilySpec, check_pipeline_dir, family_from_proto
 from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -68,20 +68,6 @@ def component_params(pipeline_dir: Path) -> dict[str, int]:
         if files:
             out[name] = sum(safetensors_params(f) for f in files)
     return out
-
-
-def check_pipeline_dir(path: Path, what: str) -> FamilySpec:
-    if not path.exists():
-        raise NotFound(f"{what} {path} does not exist", reason="MODEL_NOT_FOUND", metadata={"path": str(path)})
-    if not path.is_dir() or not (path / "model_index.json").is_file():
-        raise InvalidArgument(f"{what} {path} is not a diffusers pipeline (no model_index.json)",
-                              reason="NOT_A_PIPELINE", metadata={"path": str(path)})
-    try:
-        return family_of_pipeline_dir(path)
-    except UnknownFamily as e:
-        raise InvalidArgument(str(e), reason="UNKNOWN_FAMILY") from e
-    except (json.JSONDecodeError, OSError) as e:
-        raise InvalidArgument(f"{path}/model_index.json is unreadable: {e}", reason="NOT_A_PIPELINE") from e
 
 
 def resolve_source(source, requested_family: int, *, download: Callable | None = None,

@@ -71,3 +71,10 @@ class Internal(ServiceError):
 
     code = grpc.StatusCode.INTERNAL
     default_reason = "INTERNAL"
+
+
+class Unimplemented(ServiceError):
+    """The request is valid but this capability has not been built yet; the message says what is missing."""
+
+    code = grpc.StatusCode.UNIMPLEMENTED
+    default_reason = "UNIMPLEMENTED"

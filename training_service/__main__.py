@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+from pathlib import Path
 
 from training_service.server import create_training_server
 from service_kit import structured_log
@@ -16,13 +18,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training_service", description="The training service over gRPC.")
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
     p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT")
+    p.add_argument("--output-dir", type=Path,
+                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "training",
+                   help="where jobs keep checkpoints and outputs")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
 
 
 async def _main(args: argparse.Namespace) -> None:
-    running = await create_training_server(args.listen)
+    from diffusion_kit.host_caps import probe_host
+
+    caps = await asyncio.to_thread(probe_host)
+    running = await create_training_server(args.listen, caps, args.output_dir)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

@@ -1,4 +1,4 @@
-"""Builds the training server. Until the engine lands every RPC answers UNIMPLEMENTED (the generated base servicer)."""
+"""Builds the training server."""
 from __future__ import annotations
 
 from diffusion.v1 import training_pb2, training_pb2_grpc
@@ -7,9 +7,11 @@ from service_kit.server_runtime import RunningServer, create_server
 SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_name
 
 
-async def create_training_server(listen: str) -> RunningServer:
+async def create_training_server(listen: str, caps, output_root) -> RunningServer:
+    from training_service.servicer import TrainingServicer
+
     def register(server):
-        training_pb2_grpc.add_TrainingServiceServicer_to_server(training_pb2_grpc.TrainingServiceServicer(), server)
+        training_pb2_grpc.add_TrainingServiceServicer_to_server(TrainingServicer(caps, output_root), server)
         return [SERVICE_NAME]
 
     return await create_server(listen, register)

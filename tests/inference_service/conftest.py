@@ -3,15 +3,6 @@ import pytest
 from tests.inference_service.harness import InferenceClient
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """Tiny random-weight pipelines of all four families, saved as diffusers directories (no network)."""
-    from diffusion_kit.tiny_pipelines import BUILDERS, save_tiny_pipeline
-
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {family: save_tiny_pipeline(family, root / family) for family in BUILDERS}
-
-
 @pytest.fixture(scope="module")
 def inference_service():
     """A real inference service process (no broker), compile through aot_eager as CPU tests should."""

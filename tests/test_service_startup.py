@@ -1,4 +1,4 @@
-"""Both services start, answer health and reflection; the training service says UNIMPLEMENTED honestly until its engine lands."""
+"""Both services start and answer health and reflection; what is not built yet says UNIMPLEMENTED, honestly."""
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,7 +12,9 @@ from service_kit.service_process import start_service
     ("inference_service", "diffusion.v1.InferenceService",
      lambda ch: inference_pb2_grpc.InferenceServiceStub(ch).GetCapabilities(inference_pb2.GetCapabilitiesRequest()), True),
     ("training_service", "diffusion.v1.TrainingService",
-     lambda ch: training_pb2_grpc.TrainingServiceStub(ch).GetTrainingInfo(training_pb2.GetTrainingInfoRequest()), False),
+     lambda ch: training_pb2_grpc.TrainingServiceStub(ch).GetTrainingInfo(training_pb2.GetTrainingInfoRequest()), True),
+    ("training_service", "diffusion.v1.TrainingService",
+     lambda ch: training_pb2_grpc.TrainingServiceStub(ch).ListTrainingJobs(training_pb2.ListTrainingJobsRequest()), False),
 ])
 def test_service_starts_with_health_and_reflection(module, service, call, implemented):
     proc = start_service(module, timeout=180)

@@ -1,0 +1,100 @@
+"""Table tests of the training precision policy: per probe combination, with HostCaps built by hand."""
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion_kit.families import FAMILIES
+from diffusion_kit.host_caps import HostCaps
+from service_kit.errors import FailedPrecondition, InvalidArgument, ServiceError
+from training_service.precision_policy import GiB, advertised, auto_pick, resolve
+
+H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True, bitsandbytes=True)
+A100 = HostCaps("cuda", "NVIDIA A100", 80 * GiB, 79 * GiB, (8, 0), native_bf16=True, torchao=True, bitsandbytes=True)
+B200 = HostCaps("cuda", "NVIDIA B200", 180 * GiB, 178 * GiB, (10, 0), native_bf16=True, torchao=True, bitsandbytes=True)
+H200_STUB_AO = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=False,
+                        torchao_reason="quantize_ left the weight unchanged (a stub build)", bitsandbytes=True)
+H200_NO_BNB = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
+                       bitsandbytes=False, bitsandbytes_reason="bitsandbytes does not import")
+T4 = HostCaps("cuda", "Tesla T4", 16 * GiB, 15 * GiB, (7, 5), native_bf16=False, torchao=True, bitsandbytes=True)
+CPU = HostCaps("cpu", "CPU", 24 * GiB, 22 * GiB, torchao=True)
+P = c
+Z, FLUX, QWEN, SDXL = (FAMILIES[k] for k in ("zimage", "flux1", "qwen_image", "sdxl"))
+
+
+@pytest.mark.parametrize("caps, family, modes", [
+    (H200, FLUX, [P.PRECISION_AUTO, P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8, P.PRECISION_FP8]),
+    (H200, QWEN, [P.PRECISION_AUTO, P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8]),  # no fp8 for Qwen-Image
+    (A100, Z, [P.PRECISION_AUTO, P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8]),  # no fp8 below 8.9
+    (B200, Z, [P.PRECISION_AUTO, P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8, P.PRECISION_FP8,
+               P.PRECISION_MXFP8]),
+    (H200_STUB_AO, FLUX, [P.PRECISION_AUTO, P.PRECISION_NF4, P.PRECISION_BF16]),  # a stub torchao: no int8/fp8
+    (H200_NO_BNB, FLUX, [P.PRECISION_AUTO, P.PRECISION_BF16, P.PRECISION_INT8, P.PRECISION_FP8]),
+    (T4, FLUX, []),  # emulated bf16: the DiT trainer cannot run at all
+    (CPU, FLUX, [P.PRECISION_FP32]),
+    (H200, SDXL, []),  # SDXL ignores base_precision
+])
+def test_advertised_modes(caps, family, modes):
+    assert advertised(caps, family) == modes
+
+
+@pytest.mark.parametrize("caps", [H200, A100, B200, H200_STUB_AO, H200_NO_BNB, T4, CPU])
+@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_never_advertise_what_start_rejects(caps, family):
+    for mode in advertised(caps, family):
+        resolve(mode, caps, family, caps.free_bytes)  # must not raise
+    for mode in (P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8, P.PRECISION_FP8, P.PRECISION_MXFP8):
+        if mode not in advertised(caps, family) and family.denoiser != "unet":
+            with pytest.raises(ServiceError):
+                resolve(mode, caps, family, caps.free_bytes)
+
+
+@pytest.mark.parametrize("family, free_gib, expected", [
+    (FLUX, 139, P.PRECISION_BF16),
+    (FLUX, 30, P.PRECISION_INT8),   # bf16 needs ~37 GiB with headroom; int8 ~23
+    (FLUX, 16, P.PRECISION_NF4),
+    (Z, 139, P.PRECISION_BF16),
+    (Z, 32, P.PRECISION_INT8),   # bf16 needs ~36 GiB with headroom; int8 ~30
+    (Z, 10, P.PRECISION_NF4),
+])
+def test_auto_bands(family, free_gib, expected):
+    assert auto_pick(H200, family, free_gib * GiB).precision == expected
+
+
+def test_auto_never_picks_fp8_and_skips_int8_without_torchao():
+    assert auto_pick(B200, FLUX, 1000 * GiB).precision == P.PRECISION_BF16
+    assert auto_pick(H200_STUB_AO, FLUX, 30 * GiB).precision == P.PRECISION_NF4
+    assert auto_pick(H200, FLUX, 1000 * GiB, prequantized=True).precision == P.PRECISION_NF4
+
+
+@pytest.mark.parametrize("requested, caps, family, applied, source", [
+    (P.PRECISION_UNSPECIFIED, H200, FLUX, "PRECISION_NF4", c.SETTING_SOURCE_DEFAULT),
+    (P.PRECISION_AUTO, H200, FLUX, "PRECISION_BF16", c.SETTING_SOURCE_AUTO),
+    (P.PRECISION_FP8, H200, Z, "PRECISION_FP8", c.SETTING_SOURCE_EXPLICIT),
+    (P.PRECISION_AUTO, CPU, Z, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
+    (P.PRECISION_UNSPECIFIED, CPU, QWEN, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
+    (P.PRECISION_FP8, H200, SDXL, "PRECISION_BF16", c.SETTING_SOURCE_AUTO),  # ignored, never fails SDXL
+    (P.PRECISION_UNSPECIFIED, CPU, SDXL, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
+])
+def test_resolve(requested, caps, family, applied, source):
+    record = resolve(requested, caps, family, caps.free_bytes)
+    assert (record.applied, record.source.value) == (applied, source)
+
+
+@pytest.mark.parametrize("requested, caps, family, error, text", [
+    (P.PRECISION_FP8, H200, QWEN, FailedPrecondition, "not allowed for Qwen-Image"),
+    (P.PRECISION_MXFP8, H200, FLUX, FailedPrecondition, "Blackwell"),
+    (P.PRECISION_INT8, H200_STUB_AO, FLUX, FailedPrecondition, "functional torchao"),
+    (P.PRECISION_NF4, CPU, FLUX, FailedPrecondition, "CUDA"),
+    (P.PRECISION_BF16, T4, FLUX, FailedPrecondition, "native bf16"),
+    (P.PRECISION_NF4, T4, Z, FailedPrecondition, "native bf16"),
+    (P.PRECISION_NVFP4, H200, FLUX, InvalidArgument, "base_precision takes"),
+    (99, H200, SDXL, InvalidArgument, "base_precision takes"),  # an unknown mode fails everywhere, SDXL too
+])
+def test_resolve_rejections(requested, caps, family, error, text):
+    with pytest.raises(error, match=text):
+        resolve(requested, caps, family, caps.free_bytes)
+
+
+def test_prequantized_base_accepts_only_nf4():
+    assert resolve(P.PRECISION_AUTO, H200, FLUX, 139 * GiB, prequantized=True).applied == "PRECISION_NF4"
+    with pytest.raises(InvalidArgument, match="black-forest-labs/FLUX.1-dev"):
+        resolve(P.PRECISION_BF16, H200, FLUX, 139 * GiB, prequantized=True)

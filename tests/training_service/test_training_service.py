@@ -1,0 +1,115 @@
+"""The training service over real loopback gRPC: GetTrainingInfo on this host and StartTraining's preflights."""
+import json
+
+import grpc
+import pytest
+from PIL import Image
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.error_interceptor import error_info
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+
+
+@pytest.fixture(scope="module")
+def training(tmp_path_factory):
+    out = tmp_path_factory.mktemp("training-out")
+    proc = start_service("training_service", "--output-dir", str(out), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    yield training_pb2_grpc.TrainingServiceStub(channel)
+    channel.close()
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def dataset_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dataset")
+    for i in range(3):
+        Image.new("RGB", (64, 48), (40 * i, 90, 200)).save(root / f"img{i}.png")
+        (root / f"img{i}.txt").write_text(f"a blue card number {i}")
+    return root
+
+
+def test_cpu_host_info_says_fp32_only(training):
+    info = training.GetTrainingInfo(pb.GetTrainingInfoRequest())
+    assert info.cpu_only
+    by_family = {f.family: f for f in info.families}
+    assert set(by_family) == {c.FAMILY_FLUX1, c.FAMILY_ZIMAGE, c.FAMILY_QWEN_IMAGE, c.FAMILY_SDXL}
+    for family in (c.FAMILY_FLUX1, c.FAMILY_ZIMAGE, c.FAMILY_QWEN_IMAGE):
+        assert list(by_family[family].precision_modes) == [c.PRECISION_FP32]
+        assert by_family[family].recommended_precision == c.PRECISION_FP32
+        assert "fp32 only" in by_family[family].memory_note and not by_family[family].supports_compile
+    assert list(by_family[c.FAMILY_SDXL].precision_modes) == []
+    assert "ignored" in by_family[c.FAMILY_SDXL].memory_note
+    assert by_family[c.FAMILY_FLUX1].default_resolution == 512 and by_family[c.FAMILY_FLUX1].default_rank == 16
+
+
+def start(training, **fields):
+    return training.StartTraining(pb.StartTrainingRequest(**fields), timeout=60)
+
+
+def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
+    good = dict(family=c.FAMILY_ZIMAGE, base=inference_pb2.ModelSource(local_dir=str(tiny_models["zimage"])),
+                dataset=pb.Dataset(image_dir=str(dataset_dir)))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "x.png").write_bytes(b"\x89PNG not really")
+    (tmp_path / "broken" / "x.txt").write_text("caption")
+    cases = [
+        (dict(good, family=c.FAMILY_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT, "BAD_FAMILY"),
+        (dict(good, family=c.FAMILY_FLUX1), grpc.StatusCode.INVALID_ARGUMENT, "FAMILY_MISMATCH"),
+        (dict(good, base=inference_pb2.ModelSource(local_dir=str(tmp_path / "nope"))), grpc.StatusCode.NOT_FOUND,
+         "MODEL_NOT_FOUND"),
+        (dict(good, base=inference_pb2.ModelSource(local_dir=str(dataset_dir))), grpc.StatusCode.INVALID_ARGUMENT,
+         "NOT_A_PIPELINE"),
+        (dict(good, base_precision=c.PRECISION_NF4), grpc.StatusCode.FAILED_PRECONDITION, "PRECISION_UNAVAILABLE"),
+        (dict(good, base_precision=c.PRECISION_NVFP4), grpc.StatusCode.INVALID_ARGUMENT, "BAD_BASE_PRECISION"),
+        (dict(good, dataset=pb.Dataset(image_dir=str(tmp_path / "broken"))), grpc.StatusCode.INVALID_ARGUMENT,
+         "BAD_IMAGE"),
+        (dict(good, adapter_id="../up"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ADAPTER_ID"),
+    ]
+    for fields, code, reason in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            start(training, **fields)
+        assert (e.value.code(), error_info(e.value).reason) == (code, reason), e.value.details()
+    # A request that passes every preflight is not pretended to run: UNIMPLEMENTED says so.
+    with pytest.raises(grpc.RpcError) as e:
+        start(training, **good)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "every preflight passed" in e.value.details()
+    assert "3 images" in e.value.details() and "PRECISION_FP32" in e.value.details()
+
+
+def test_sdxl_ignores_a_leftover_precision_but_not_an_unknown_one(training, tiny_models, dataset_dir):
+    base = inference_pb2.ModelSource(local_dir=str(tiny_models["sdxl"]))
+    with pytest.raises(grpc.RpcError) as e:
+        start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
+              base_precision=c.PRECISION_FP8)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED  # passed: fp8 is ignored for SDXL
+    with pytest.raises(grpc.RpcError) as e:
+        start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
+              base_precision=c.PRECISION_NVFP4)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_prequantized_base_only_trains_nf4(tiny_models, tmp_path):
+    import shutil
+
+    from diffusion_kit.host_caps import HostCaps
+    from service_kit.errors import InvalidArgument
+    from training_service.start_preflight import is_prequantized
+    from training_service import precision_policy
+
+    base = tmp_path / "bnb-base"
+    shutil.copytree(tiny_models["flux1"], base)
+    config = json.loads((base / "transformer" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
+    (base / "transformer" / "config.json").write_text(json.dumps(config))
+    from diffusion_kit.families import FAMILIES
+
+    assert is_prequantized(base, FAMILIES["flux1"]) and not is_prequantized(tiny_models["flux1"], FAMILIES["flux1"])
+    h200 = HostCaps("cuda", "NVIDIA H200", 141 * 2**30, 139 * 2**30, (9, 0), native_bf16=True, torchao=True,
+                    bitsandbytes=True)
+    with pytest.raises(InvalidArgument, match="dense base"):
+        precision_policy.resolve(c.PRECISION_BF16, h200, FAMILIES["flux1"], h200.free_bytes, prequantized=True)

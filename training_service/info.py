@@ -1,0 +1,52 @@
+"""What GetTrainingInfo says per family on this host: built from the same policy StartTraining runs."""
+from __future__ import annotations
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import training_pb2 as pb
+from diffusion_kit.families import FamilySpec
+from diffusion_kit.host_caps import HostCaps
+from training_service.precision_policy import GiB, HEADROOM, MODES, advertised, auto_pick, name, training_bytes, why_not
+
+# The resolutions the step rates in DESIGN.md were measured at.
+DEFAULT_RESOLUTION = {"flux1": 512, "zimage": 768, "qwen_image": 768, "sdxl": 1024}
+DEFAULT_RANK = 16
+DEFAULT_LR = 1e-4
+DEFAULT_STEPS = 1000
+
+
+def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
+    modes = advertised(caps, family)
+    if family.denoiser == "unet":
+        recommended = c.PRECISION_UNSPECIFIED
+    elif caps.device_kind != "cuda":
+        recommended = c.PRECISION_FP32
+    elif c.PRECISION_AUTO in modes:
+        recommended = auto_pick(caps, family, caps.free_bytes).precision
+    else:
+        recommended = c.PRECISION_UNSPECIFIED
+    return pb.FamilyTrainingInfo(
+        family=family.proto, precision_modes=modes, recommended_precision=recommended,
+        supports_compile=caps.device_kind == "cuda" and caps.native_bf16,
+        default_resolution=DEFAULT_RESOLUTION[family.key], default_rank=DEFAULT_RANK, default_alpha=DEFAULT_RANK,
+        default_learning_rate=DEFAULT_LR, default_steps=DEFAULT_STEPS, memory_note=memory_note(caps, family))
+
+
+def memory_note(caps: HostCaps, family: FamilySpec) -> str:
+    if family.denoiser == "unet":
+        dtype = "bf16" if caps.native_bf16 else ("fp16" if caps.accelerator else "fp32")
+        return f"{family.display} trains its U-Net in {dtype} on {caps.device_name}; base_precision is ignored"
+    if caps.device_kind != "cuda":
+        return f"no CUDA GPU ({caps.device_name}): trains in fp32 only, slowly"
+    parts = [f"{caps.free_bytes / GiB:.1f} GiB free on {caps.device_name}"]
+    for mode in MODES:
+        reason = why_not(mode, caps, family)
+        if reason:
+            parts.append(f"{name(mode)} unavailable: {reason}")
+        else:
+            parts.append(f"{name(mode)} needs about {training_bytes(family, mode) * HEADROOM / GiB:.0f} GiB")
+    return "; ".join(parts)
+
+
+def training_info(caps: HostCaps, families) -> pb.GetTrainingInfoResponse:
+    return pb.GetTrainingInfoResponse(families=[family_info(caps, f) for f in families],
+                                      cpu_only=caps.device_kind == "cpu")

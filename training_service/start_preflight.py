@@ -1,0 +1,79 @@
+"""Every check StartTraining runs before a job exists or a GPU is asked for."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from diffusion.v1 import training_pb2 as pb
+from diffusion_kit.adapter_store import check_adapter_id
+from diffusion_kit.families import FamilySpec, UnknownFamily, check_pipeline_dir, family_from_proto
+from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.resolved import Resolved
+from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from training_service import dataset, precision_policy
+
+MIN_FREE_DISK = 2 * 2**30  # checkpoints of a rank-16 adapter plus optimizer state, with margin
+
+
+@dataclass(frozen=True)
+class Preflighted:
+    family: FamilySpec
+    base_dir: Path
+    examples: list[dataset.Example]
+    precision: Resolved
+    prequantized: bool
+
+
+def is_prequantized(base_dir: Path, family: FamilySpec) -> bool:
+    """A bitsandbytes 4-bit base keeps its quantization_config in the denoiser's config.json."""
+    config = base_dir / family.denoiser / "config.json"
+    if not config.is_file():
+        return False
+    quant = json.loads(config.read_text()).get("quantization_config") or {}
+    return bool(quant.get("load_in_4bit")) or quant.get("quant_method") == "bitsandbytes" and quant.get("bnb_4bit_quant_type")
+
+
+def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -> Preflighted:
+    try:
+        family = family_from_proto(req.family)
+    except UnknownFamily as e:
+        raise InvalidArgument(f"family is required: {e}", reason="BAD_FAMILY") from e
+    if req.base.WhichOneof("source") != "local_dir":
+        raise InvalidArgument("base must be a local_dir diffusers pipeline for now (hub bases: download with "
+                              "the inference service's scoped download first)", reason="BAD_BASE")
+    base_dir = Path(req.base.local_dir).expanduser()
+    found = check_pipeline_dir(base_dir, "base")
+    if found.key != family.key:
+        raise InvalidArgument(f"family {family.display} was asked for but {base_dir} holds {found.display}",
+                              reason="FAMILY_MISMATCH")
+    if req.adapter_id:
+        check_adapter_id(req.adapter_id)
+    for field, value, low in (("rank", req.rank, 0), ("steps", req.steps, 0), ("batch_size", req.batch_size, 0),
+                              ("warmup_steps", req.warmup_steps, 0), ("checkpoint_every", req.checkpoint_every, 0)):
+        if value < low:
+            raise InvalidArgument(f"{field} must be >= {low}, got {value}", reason="BAD_VALUE")
+    if req.resolution and (req.resolution < 64 or req.resolution % 16):
+        raise InvalidArgument(f"resolution must be a multiple of 16 and at least 64, got {req.resolution}",
+                              reason="BAD_RESOLUTION")
+    prequantized = is_prequantized(base_dir, family)
+    precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized)
+    examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt)
+    check_output(output_root)
+    return Preflighted(family, base_dir, examples, precision, prequantized)
+
+
+def check_output(output_root: Path) -> None:
+    try:
+        output_root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FailedPrecondition(f"the output location {output_root} cannot be created: {e}",
+                                 reason="OUTPUT_NOT_WRITABLE") from e
+    if not os.access(output_root, os.W_OK):
+        raise FailedPrecondition(f"the output location {output_root} is not writable", reason="OUTPUT_NOT_WRITABLE")
+    free = shutil.disk_usage(output_root).free
+    if free < MIN_FREE_DISK:
+        raise ResourceExhausted(f"{output_root} has {free / 2**30:.1f} GiB free; a run needs {MIN_FREE_DISK / 2**30:.0f}",
+                                reason="DISK_FULL")
