@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter-store", type=Path,
                    default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
                    help="the LoRA adapter store the training service publishes to")
+    p.add_argument("--lora-max-rank", type=int, default=64,
+                   help="the highest adapter rank a compiled model can hotswap without recompiling")
     p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
@@ -67,7 +69,8 @@ async def _main(args: argparse.Namespace) -> None:
         import torch
 
         probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
-    engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution),
+    engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
+                                                   args.lora_max_rank),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
                              adapter_store=AdapterStore(args.adapter_store))

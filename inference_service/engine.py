@@ -271,7 +271,8 @@ class InferenceEngine:
         await self._ensure_loaded(req.model_id)
         model = self._model
         spec = generation.parse_generate(req, model.plan.family, model.built.size_multiple)  # fail fast, before queueing
-        lora_runtime.check_adapters(self.adapters, spec.adapters, model.plan.family)
+        lora_runtime.check_adapters(self.adapters, spec.adapters, model.plan.family, model.plan.speed.compile,
+                                    model.plan.lora_max_rank)
         if len(self._pending) >= self.max_queue_depth:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")

@@ -26,6 +26,7 @@ class EngineSettings:
     quant_min_features: int = 1024
     compile_backend: str = "inductor"
     warmup_resolution: int = 1024
+    lora_max_rank: int = 64  # the compiled model's hotswap slot holds adapters up to this rank
 
 
 def check_request(req: pb.LoadRequest) -> None:
@@ -60,4 +61,4 @@ def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings
     return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
                     speed=speed, device=device, quant_min_features=settings.quant_min_features,
                     compile_backend=settings.compile_backend, warmup_resolution=settings.warmup_resolution,
-                    resolved=resolved, footprint_bytes=footprint)
+                    resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank)

@@ -37,6 +37,7 @@ class LoadPlan:
     compile_backend: str
     warmup_resolution: int
     resolved: list[Resolved] = field(default_factory=list)
+    lora_max_rank: int = 64
     footprint_bytes: int = 0
 
 
@@ -106,6 +107,8 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
             resolved.append(Resolved("fused_qkv", "on", "off", Source.AUTO, Status.UNSUPPORTED,
                                      f"{family.denoiser_class} has no fused QKV projections"))
     if speed.compile:
+        if hasattr(pipe, "enable_lora_hotswap"):  # must precede compile: adapters then swap without recompiling
+            pipe.enable_lora_hotswap(target_rank=plan.lora_max_rank)
         on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
         getattr(pipe, family.denoiser).compile_repeated_blocks(
             fullgraph=True, dynamic=True, backend=plan.compile_backend,

@@ -80,3 +80,33 @@ def test_pinned_adapter_cannot_be_deleted_until_unloaded(lora_setup, tiny_models
     store.delete("z-other")
     assert [a.adapter_id for a in store.list()] == ["flux-style", "z-style"]
     client.load("tiny-z", tiny_models["zimage"])
+
+
+def test_compiled_model_hotswaps_without_recompiling(lora_setup, tiny_models):
+    from diffusion.v1 import common_pb2 as c
+
+    store, client = lora_setup
+    publish_random_adapter(store, "zimage", tiny_models["zimage"], "z-third", seed=4)
+    client.load("tiny-zc", tiny_models["zimage"], speed_mode=c.SPEED_MODE_DEFAULT)
+
+    def run(adapters=()):
+        refs = [pb.AdapterRef(adapter_id=a, weight=w) for a, w in adapters]
+        return result_of(client.generate("tiny-zc", seeds=[9], adapters=refs))
+
+    base = run().images[0].data
+    first = run([("z-style", 1.0)])
+    assert first.images[0].data != base
+    hotswap = {r.control: r for r in first.resolved}["adapter_hotswap"]
+    assert "recompile once" in hotswap.reason
+    second = run([("z-third", 1.0)])
+    assert "without recompiling" in {r.control: r for r in second.resolved}["adapter_hotswap"].reason
+    assert second.images[0].data != first.images[0].data
+    # Many different weights: written into the slot in place (set_adapters here hit dynamo's recompile limit).
+    outputs = {run([("z-third", w)]).images[0].data for w in (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9)}
+    assert len(outputs) == 10
+    assert pixels(run([("z-third", 0.0)]).images[0].data) == pixels(base)
+    assert run().images[0].data == base
+    with pytest.raises(grpc.RpcError) as e:
+        run([("z-style", 1.0), ("z-third", 1.0)])
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_info(e.value).reason == "ONE_ADAPTER_WHEN_COMPILED"
