@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from gpu_broker import placement

@@ -21,7 +21,7 @@ from gpu_broker.lease_book import (
     Snapshot,
     Transition,
 )
-from service_kit.errors import ResourceExhausted, ServiceError, Unavailable
+from service_kit.errors import ResourceExhausted, Unavailable
 
 log = logging.getLogger("gpu_broker.lease")
 
