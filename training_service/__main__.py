@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", type=Path,
                    default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "training",
                    help="where jobs keep checkpoints and outputs")
+    p.add_argument("--adapter-store", type=Path,
+                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
+                   help="the LoRA adapter store finished jobs publish to (the inference service reads it)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -30,7 +33,7 @@ async def _main(args: argparse.Namespace) -> None:
     from diffusion_kit.host_caps import probe_host
 
     caps = await asyncio.to_thread(probe_host)
-    running = await create_training_server(args.listen, caps, args.output_dir)
+    running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

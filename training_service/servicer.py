@@ -1,25 +1,39 @@
-"""The training gRPC servicer. GetTrainingInfo is complete; StartTraining runs every preflight and, until the
-trainer lands, answers UNIMPLEMENTED for a request that passed them (never pretending to train)."""
+"""The training gRPC servicer: preflight, then delegate to the job manager; convert back."""
 from __future__ import annotations
 
+from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from diffusion_kit.families import FAMILIES
-from service_kit.errors import Unimplemented
+from training_service import convert
 from training_service.info import training_info
+from training_service.jobs import JobManager
 from training_service.start_preflight import preflight
 
 
 class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
-    def __init__(self, caps, output_root):
+    def __init__(self, caps, output_root, jobs: JobManager):
         self.caps = caps
         self.output_root = output_root
+        self.jobs = jobs
 
     async def GetTrainingInfo(self, request, context):
         return training_info(self.caps, FAMILIES.values())
 
     async def StartTraining(self, request, context):
-        checked = preflight(request, self.caps, self.output_root)
-        raise Unimplemented(
-            f"every preflight passed ({checked.family.display}, {len(checked.examples)} images, base_precision "
-            f"{checked.precision.applied}), but the trainer is not built yet; nothing was started or evicted",
-            reason="TRAINER_NOT_BUILT")
+        record = await self.jobs.start(request, preflight(request, self.caps, self.output_root))
+        return pb.StartTrainingResponse(job_id=record.job_id, job=convert.job(record))
+
+    async def WatchTraining(self, request, context):
+        async for event in self.jobs.watch(request.job_id, request.from_sequence):
+            yield convert.watch_response(request.job_id, event)
+
+    async def StopTraining(self, request, context):
+        record = await self.jobs.stop(request.job_id, request.mode == pb.STOP_MODE_DISCARD)
+        return pb.StopTrainingResponse(job=convert.job(record))
+
+    async def GetTrainingJob(self, request, context):
+        return pb.GetTrainingJobResponse(job=convert.job(self.jobs.store.get(request.job_id)))
+
+    async def ListTrainingJobs(self, request, context):
+        records = sorted(self.jobs.store.jobs.values(), key=lambda r: r.created, reverse=True)
+        return pb.ListTrainingJobsResponse(jobs=[convert.job(r) for r in records])

@@ -1,0 +1,130 @@
+"""Training jobs over real loopback gRPC: a child process per job, Watch with replay, Stop, crash handling."""
+import subprocess
+import time
+
+import grpc
+import pytest
+from PIL import Image
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from diffusion_kit.adapter_store import AdapterStore
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jobs")
+    data = root / "data"
+    data.mkdir()
+    for i in range(2):
+        Image.new("RGB", (72, 64), (90 * i, 40, 160)).save(data / f"{i}.png")
+    return {"out": root / "out", "adapters": root / "adapters", "data": data}
+
+
+def start_training_service(dirs):
+    proc = start_service("training_service", "--output-dir", str(dirs["out"]), "--adapter-store",
+                         str(dirs["adapters"]), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    return proc, channel, training_pb2_grpc.TrainingServiceStub(channel)
+
+
+@pytest.fixture(scope="module")
+def service(dirs):
+    proc, channel, stub = start_training_service(dirs)
+    yield stub
+    channel.close()
+    proc.stop()
+
+
+def request(tiny_models, dirs, **kw):
+    return pb.StartTrainingRequest(**{
+        "family": c.FAMILY_ZIMAGE, "base": inference_pb2.ModelSource(local_dir=str(tiny_models["zimage"])),
+        "dataset": pb.Dataset(image_dir=str(dirs["data"]), instance_prompt="a violet card"), "rank": 4,
+        "resolution": 64, "steps": 4, "seed": 3, **kw})
+
+
+def kinds(events):
+    return [e.WhichOneof("event") for e in events]
+
+
+def test_start_watch_complete_and_replay(service, tiny_models, dirs):
+    started = service.StartTraining(request(tiny_models, dirs, adapter_id="violet"))
+    assert started.job.state in (pb.TRAINING_JOB_STATE_PENDING, pb.TRAINING_JOB_STATE_RUNNING)
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=started.job_id), timeout=120))
+    assert kinds(events)[0] == "resolved" and kinds(events)[-1] == "finished"
+    assert events[0].resolved.resolved[0].applied == "PRECISION_FP32"
+    steps = [e.step for e in events if e.WhichOneof("event") == "step"]
+    assert [s.step for s in steps] == [1, 2, 3, 4] and all(s.total_steps == 4 for s in steps)
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    finished = events[-1].finished
+    assert finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED and finished.adapter_id == "violet"
+    assert finished.steps_completed == 4
+    adapter = AdapterStore(dirs["adapters"]).get("violet")
+    assert (adapter.family, adapter.rank, adapter.steps, adapter.job_id) == ("zimage", 4, 4, started.job_id)
+    # A watcher that reconnects from sequence k gets exactly the events from k on.
+    k = events[3].sequence
+    replay = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=started.job_id, from_sequence=k), timeout=30))
+    assert [e.SerializeToString() for e in replay] == [e.SerializeToString() for e in events[3:]]
+    job = service.GetTrainingJob(pb.GetTrainingJobRequest(job_id=started.job_id)).job
+    assert job.state == pb.TRAINING_JOB_STATE_SUCCEEDED and job.last_sequence == events[-1].sequence
+    assert started.job_id in [j.job_id for j in service.ListTrainingJobs(pb.ListTrainingJobsRequest()).jobs]
+
+
+def _wait_first_step(service, job_id):
+    for event in service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120):
+        if event.WhichOneof("event") == "step":
+            return event.sequence
+    raise AssertionError("no step event")
+
+
+@pytest.mark.parametrize("mode, adapter_published", [(pb.STOP_MODE_SAVE, True), (pb.STOP_MODE_DISCARD, False)])
+def test_stop_at_a_step_boundary(service, tiny_models, dirs, mode, adapter_published):
+    adapter_id = f"stopped-{mode}"
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=200, adapter_id=adapter_id)).job_id
+    _wait_first_step(service, job_id)
+    service.StopTraining(pb.StopTrainingRequest(job_id=job_id, mode=mode))
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    finished = events[-1].finished
+    assert finished.state == pb.TRAINING_JOB_STATE_CANCELLED and 1 <= finished.steps_completed < 200
+    assert (adapter_id in [a.adapter_id for a in AdapterStore(dirs["adapters"]).list()]) is adapter_published
+    with pytest.raises(grpc.RpcError) as e:
+        service.StopTraining(pb.StopTrainingRequest(job_id=job_id))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_killed_child_fails_the_job_and_the_service_lives_on(service, tiny_models, dirs):
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=200)).job_id
+    _wait_first_step(service, job_id)
+    subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
+    finished = events[-1].finished
+    assert finished.state == pb.TRAINING_JOB_STATE_FAILED and "exit code -9" in finished.message
+    assert service.GetTrainingInfo(pb.GetTrainingInfoRequest()).families  # the service is fine
+
+
+def test_unknown_job_is_not_found(service):
+    with pytest.raises(grpc.RpcError) as e:
+        list(service.WatchTraining(pb.WatchTrainingRequest(job_id="job-nope"), timeout=10))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_jobs_survive_a_service_restart(dirs, tiny_models):
+    proc, channel, stub = start_training_service(dirs)
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=2)).job_id
+        events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    finally:
+        channel.close()
+        proc.stop()
+    proc, channel, stub = start_training_service(dirs)
+    try:
+        assert stub.GetTrainingJob(pb.GetTrainingJobRequest(job_id=job_id)).job.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+        again = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
+        assert [e.SerializeToString() for e in again] == [e.SerializeToString() for e in events]
+    finally:
+        channel.close()
+        proc.stop()

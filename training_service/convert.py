@@ -1,0 +1,45 @@
+"""Stored job events and records to proto messages."""
+from __future__ import annotations
+
+from google.protobuf import json_format
+
+from diffusion.v1 import common_pb2
+from diffusion.v1 import training_pb2 as pb
+from diffusion_kit.families import FAMILIES
+from training_service.job_store import JobRecord
+
+PHASES = {n.removeprefix("TRAINING_PHASE_").lower(): v for n, v in pb.TrainingPhase.items()}
+STATES = {n.removeprefix("TRAINING_JOB_STATE_"): v for n, v in pb.TrainingJobState.items()}
+
+
+def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
+    msg = pb.WatchTrainingResponse(sequence=event["sequence"], job_id=job_id)
+    msg.time.FromNanoseconds(int(event["time"] * 1e9))
+    kind, data = event["kind"], event["data"]
+    if kind == "resolved":
+        msg.resolved.resolved.extend(json_format.ParseDict(r, common_pb2.ResolvedSetting()) for r in data["resolved"])
+    elif kind == "phase":
+        msg.phase.phase = PHASES.get(data["phase"], pb.TRAINING_PHASE_UNSPECIFIED)
+    elif kind == "step":
+        step = msg.step
+        step.step, step.total_steps, step.loss, step.avg_loss = data["step"], data["total"], data["loss"], data["avg_loss"]
+        step.learning_rate, step.grad_norm = data["lr"], data["grad_norm"]
+        step.samples_per_second, step.peak_memory_bytes = data["samples_per_s"], data["peak_memory_bytes"]
+    elif kind == "checkpoint":
+        msg.checkpoint.step, msg.checkpoint.path = data["step"], data["path"]
+    elif kind == "finished":
+        msg.finished.state = STATES[data["state"]]
+        msg.finished.steps_completed = data["steps_completed"]
+        msg.finished.adapter_id = data.get("adapter_id", "")
+        msg.finished.message = data.get("message", "")
+    return msg
+
+
+def job(record: JobRecord) -> pb.TrainingJob:
+    msg = pb.TrainingJob(job_id=record.job_id, state=STATES[record.state], family=FAMILIES[record.family].proto,
+                         steps_completed=record.steps_completed, total_steps=record.total_steps,
+                         last_sequence=record.last_sequence, adapter_id=record.adapter_id, error=record.error)
+    json_format.Parse(record.request_json, msg.request)
+    msg.create_time.FromNanoseconds(int(record.created * 1e9))
+    msg.update_time.FromNanoseconds(int(record.updated * 1e9))
+    return msg

@@ -1,0 +1,86 @@
+"""Training jobs on disk: the request, the state, and every event, so a job outlives any stream and a restart.
+
+<root>/<job_id>/job.json      state, steps, adapter, error, times
+<root>/<job_id>/events.jsonl  one event per line: {"sequence", "time", "kind", "data"}; appended, flushed, fsynced
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from service_kit.errors import NotFound
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    family: str
+    request_json: str
+    state: str = "PENDING"
+    steps_completed: int = 0
+    total_steps: int = 0
+    last_sequence: int = 0
+    adapter_id: str = ""
+    error: str = ""
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+
+class JobStore:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.jobs: dict[str, JobRecord] = {}
+        for path in sorted(self.root.glob("*/job.json")):
+            record = JobRecord(**json.loads(path.read_text()))
+            if record.state not in TERMINAL:  # its child died with the previous service process
+                record.state, record.error = "FAILED", "the training service restarted while this job ran"
+                self._write(record)
+            self.jobs[record.job_id] = record
+
+    def dir(self, job_id: str) -> Path:
+        return self.root / job_id
+
+    def create(self, record: JobRecord) -> JobRecord:
+        self.dir(record.job_id).mkdir(parents=True)
+        self.jobs[record.job_id] = record
+        self._write(record)
+        return record
+
+    def get(self, job_id: str) -> JobRecord:
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise NotFound(f"no training job {job_id!r}", reason="JOB_NOT_FOUND") from None
+
+    def update(self, record: JobRecord, **fields) -> None:
+        for k, v in fields.items():
+            setattr(record, k, v)
+        record.updated = time.time()
+        self._write(record)
+
+    def append(self, record: JobRecord, kind: str, data: dict) -> dict:
+        event = {"sequence": record.last_sequence + 1, "time": time.time(), "kind": kind, "data": data}
+        with open(self.dir(record.job_id) / "events.jsonl", "a") as f:
+            f.write(json.dumps(event) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        record.last_sequence = event["sequence"]
+        return event
+
+    def events(self, job_id: str, from_sequence: int = 0) -> list[dict]:
+        path = self.dir(job_id) / "events.jsonl"
+        if not path.exists():
+            return []
+        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in out if e["sequence"] >= from_sequence]
+
+    def _write(self, record: JobRecord) -> None:
+        tmp = self.dir(record.job_id) / "job.json.tmp"
+        tmp.write_text(json.dumps(asdict(record)))
+        os.replace(tmp, self.dir(record.job_id) / "job.json")

@@ -1,0 +1,118 @@
+"""Training jobs: one child process each, events kept on disk, re-attachable watchers, cooperative stop."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import uuid
+from pathlib import Path
+
+from diffusion.v1 import training_pb2 as pb
+from google.protobuf import json_format
+from service_kit.errors import FailedPrecondition, Unimplemented
+from service_kit.service_process import ROOT
+from training_service.dit_lora_recipe import FORWARDS
+from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
+from training_service.job_store import TERMINAL, JobRecord, JobStore
+from training_service.start_preflight import Preflighted
+
+log = logging.getLogger("training_service.jobs")
+STDERR_TAIL = 2000
+
+
+class JobManager:
+    def __init__(self, store: JobStore, adapter_store_root: Path):
+        self.store = store
+        self.adapter_store_root = adapter_store_root
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._changed = asyncio.Condition()
+
+    async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
+        if checked.family.key not in FORWARDS:
+            raise Unimplemented(f"every preflight passed, but the trainer for {checked.family.display} is not built "
+                                "yet (Z-Image is); nothing was started", reason="TRAINER_NOT_BUILT")
+        job_id = "job-" + uuid.uuid4().hex[:12]
+        record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
+                                             total_steps=req.steps or DEFAULT_STEPS))
+        recipe = {"family": checked.family.key, "base_dir": str(checked.base_dir),
+                  "examples": [[str(e.image), e.caption] for e in checked.examples],
+                  "rank": req.rank or DEFAULT_RANK, "alpha": req.alpha if req.HasField("alpha") else float(req.rank or DEFAULT_RANK),
+                  "learning_rate": req.learning_rate if req.HasField("learning_rate") else DEFAULT_LR,
+                  "steps": record.total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
+                  "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every}
+        run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
+               "trigger_words": list(req.trigger_words)}
+        (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
+        await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(checked.precision.to_proto())]})
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(job_id)), cwd=ROOT,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        self._procs[job_id] = proc
+        self.store.update(record, state="RUNNING")
+        asyncio.get_running_loop().create_task(self._follow(record, proc))
+        return record
+
+    async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
+        """Under the watchers' lock: a watcher never sees a final state without its `finished` event."""
+        async with self._changed:
+            if kind == "finished":
+                self._finish(record, data)
+            self.store.append(record, kind, data)
+            self._changed.notify_all()
+
+    async def _follow(self, record: JobRecord, proc) -> None:
+        finished = None
+        stderr_task = asyncio.get_running_loop().create_task(proc.stderr.read())
+        async for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg["kind"] == "step":
+                self.store.update(record, steps_completed=msg["data"]["step"])
+            if msg["kind"] == "finished":
+                finished = msg["data"]
+            await self._append(record, msg["kind"], msg["data"])
+        code = await proc.wait()
+        stderr = (await stderr_task).decode(errors="replace")[-STDERR_TAIL:]
+        self._procs.pop(record.job_id, None)
+        if finished is None:
+            why = f"the trainer process ended with exit code {code} before finishing"
+            if stderr.strip():
+                why += f": {stderr.strip().splitlines()[-1]}"
+            await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
+                                                    "message": why})
+
+    def _finish(self, record: JobRecord, finished: dict) -> None:
+        self.store.update(record, state=finished["state"], adapter_id=finished.get("adapter_id", ""),
+                          steps_completed=finished["steps_completed"],
+                          error=finished["message"] if finished["state"] == "FAILED" else "")
+
+    async def watch(self, job_id: str, from_sequence: int):
+        record = self.store.get(job_id)
+        next_seq = max(1, from_sequence)
+        while True:
+            for event in self.store.events(job_id, next_seq):
+                yield event
+                next_seq = event["sequence"] + 1
+                if event["kind"] == "finished":
+                    return
+            async with self._changed:
+                if record.last_sequence < next_seq and record.state not in TERMINAL:
+                    await self._changed.wait()
+                elif record.state in TERMINAL and record.last_sequence < next_seq:
+                    return
+
+    async def stop(self, job_id: str, discard: bool) -> JobRecord:
+        record = self.store.get(job_id)
+        proc = self._procs.get(job_id)
+        if record.state in TERMINAL or proc is None:
+            raise FailedPrecondition(f"job {job_id} has already ended ({record.state})", reason="JOB_ENDED")
+        proc.stdin.write(f"stop {'discard' if discard else 'save'}\n".encode())
+        await proc.stdin.drain()
+        return record
+
+    def child_pid(self, job_id: str) -> int | None:
+        proc = self._procs.get(job_id)
+        return proc.pid if proc else None

@@ -1,0 +1,59 @@
+"""One training job in its own process: `python -m training_service.trainer_child JOB_DIR`.
+
+Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
+`stop save` or `stop discard` on stdin, honoured at the next step boundary. A crash here never
+takes the service down: the service sees the process end without a `finished` event.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+
+
+def emit(kind: str, data: dict) -> None:
+    print(json.dumps({"kind": kind, "data": data}), flush=True)
+
+
+def main(job_dir: Path) -> int:
+    from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
+    from training_service.dit_lora_recipe import DiTLoraRecipe, RecipeConfig
+
+    run = json.loads((job_dir / "run.json").read_text())
+    stop: dict[str, str] = {}
+
+    def read_stdin():
+        for line in sys.stdin:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "stop":
+                stop["mode"] = parts[1]
+
+    threading.Thread(target=read_stdin, daemon=True).start()
+    cfg = RecipeConfig(**run["recipe"])
+    recipe = DiTLoraRecipe(cfg, emit)
+    recipe.setup()
+    emit("phase", {"phase": "training"})
+    recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint")
+    steps = recipe.state.step
+    if stop.get("mode") == "discard":
+        emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
+        return 0
+    emit("phase", {"phase": "saving"})
+    export = recipe.export_adapter(job_dir / "export")
+    emit("phase", {"phase": "publishing"})
+    lora_config = json.loads(json.dumps(recipe.transformer.peft_config["default"].to_dict(),
+                                        default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+    info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=cfg.base_dir, rank=cfg.rank,
+                       alpha=cfg.alpha, lora_config=lora_config,
+                       steps=steps, resolution=cfg.resolution, trigger_words=tuple(run.get("trigger_words", ())),
+                       job_id=job_dir.name)
+    AdapterStore(Path(run["adapter_store"])).publish(info, export / WEIGHTS)
+    state = "CANCELLED" if "mode" in stop else "SUCCEEDED"
+    emit("finished", {"state": state, "steps_completed": steps, "adapter_id": run["adapter_id"],
+                      "message": "stopped and saved" if "mode" in stop else "done"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
