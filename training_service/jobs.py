@@ -12,7 +12,7 @@ from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
 from service_kit.errors import FailedPrecondition, Unimplemented
 from service_kit.service_process import ROOT
-from training_service.dit_lora_recipe import FORWARDS
+from training_service.dit_lora_recipe import FORWARDS, RecipeConfig
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service.start_preflight import Preflighted
@@ -33,16 +33,19 @@ class JobManager:
             raise Unimplemented(f"every preflight passed, but the trainer for {checked.family.display} is not built "
                                 "yet (Z-Image is); nothing was started", reason="TRAINER_NOT_BUILT")
         job_id = "job-" + uuid.uuid4().hex[:12]
-        record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
-                                             total_steps=req.steps or DEFAULT_STEPS))
+        total_steps = req.steps or DEFAULT_STEPS
         recipe = {"family": checked.family.key, "base_dir": str(checked.base_dir),
                   "examples": [[str(e.image), e.caption] for e in checked.examples],
                   "rank": req.rank or DEFAULT_RANK, "alpha": req.alpha if req.HasField("alpha") else float(req.rank or DEFAULT_RANK),
                   "learning_rate": req.learning_rate if req.HasField("learning_rate") else DEFAULT_LR,
-                  "steps": record.total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
+                  "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
                   "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every}
         run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
                "trigger_words": list(req.trigger_words)}
+        if req.resume_job_id:
+            run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe))
+        record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
+                                             total_steps=total_steps))
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(checked.precision.to_proto())]})
         proc = await asyncio.create_subprocess_exec(
@@ -113,6 +116,17 @@ class JobManager:
         await proc.stdin.drain()
         return record
 
-    def child_pid(self, job_id: str) -> int | None:
-        proc = self._procs.get(job_id)
-        return proc.pid if proc else None
+    def _resumable_checkpoint(self, job_id: str, recipe: dict) -> Path:
+        """The checkpoint a resumed run continues from, checked against the new run before anything starts."""
+        old = self.store.get(job_id)
+        checkpoint = self.store.dir(job_id) / "checkpoint"
+        if old.state not in TERMINAL or not (checkpoint / "identity.json").is_file():
+            raise FailedPrecondition(f"job {job_id} ({old.state}) has no checkpoint to resume from",
+                                     reason="NOTHING_TO_RESUME")
+        saved = json.loads((checkpoint / "identity.json").read_text())
+        wanted = RecipeConfig(**recipe).identity()
+        changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+        if changed:
+            raise FailedPrecondition(f"job {job_id}'s checkpoint is for a different run: {', '.join(changed)} "
+                                     "differ; resume with the same settings", reason="CHECKPOINT_MISMATCH")
+        return checkpoint

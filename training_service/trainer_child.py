@@ -33,9 +33,15 @@ def main(job_dir: Path) -> int:
     cfg = RecipeConfig(**run["recipe"])
     recipe = DiTLoraRecipe(cfg, emit)
     recipe.setup()
-    emit("phase", {"phase": "training"})
+    if run.get("resume_from"):
+        recipe.load_checkpoint(Path(run["resume_from"]))
+        emit("phase", {"phase": "training", "message": f"resumed at step {recipe.state.step}"})
+    else:
+        emit("phase", {"phase": "training"})
     recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint")
     steps = recipe.state.step
+    if stop.get("mode") != "discard":
+        recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued
     if stop.get("mode") == "discard":
         emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
         return 0

@@ -128,3 +128,32 @@ def test_jobs_survive_a_service_restart(dirs, tiny_models):
     finally:
         channel.close()
         proc.stop()
+
+
+def test_stopped_job_resumes_bit_identically(service, tiny_models, dirs):
+    from safetensors.torch import load_file
+
+    def losses(events):
+        return [(e.step.step, e.step.loss) for e in events if e.WhichOneof("event") == "step"]
+
+    straight_id = service.StartTraining(request(tiny_models, dirs, steps=6, adapter_id="straight")).job_id
+    straight = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=straight_id), timeout=120))
+
+    first_id = service.StartTraining(request(tiny_models, dirs, steps=6, adapter_id="first-part")).job_id
+    _wait_first_step(service, first_id)
+    service.StopTraining(pb.StopTrainingRequest(job_id=first_id, mode=pb.STOP_MODE_SAVE))
+    first = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=first_id), timeout=120))
+    reached = first[-1].finished.steps_completed
+    resumed_id = service.StartTraining(request(tiny_models, dirs, steps=6, adapter_id="resumed",
+                                               resume_job_id=first_id)).job_id
+    resumed = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=resumed_id), timeout=120))
+    assert resumed[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+    assert losses(first) + losses(resumed) == losses(straight)
+    assert [s for s, _ in losses(resumed)] == list(range(reached + 1, 7))
+    store = AdapterStore(dirs["adapters"])
+    a, b = (load_file(store.path(i) / "pytorch_lora_weights.safetensors") for i in ("straight", "resumed"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    # A resume with different settings is refused before anything starts.
+    with pytest.raises(grpc.RpcError) as e:
+        service.StartTraining(request(tiny_models, dirs, steps=6, rank=8, resume_job_id=first_id))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "rank" in e.value.details()
