@@ -81,6 +81,7 @@ class HeldLease:
         self._call = None
         self._reader: asyncio.Task | None = None
         self._released_by_us = False
+        self._release_task: asyncio.Future | None = None
 
     @property
     def lease_id(self) -> str:
@@ -151,21 +152,31 @@ class HeldLease:
                 await self._open(connect_timeout_s=None)
 
     async def release(self) -> None:
-        """Gives the lease back; safe to call twice."""
-        if self._released_by_us:
-            return
+        """Gives the lease back; safe to call twice and from several tasks at once.
+
+        Every caller awaits the same release, shielded: a caller that is cancelled meanwhile (the
+        preempt path racing `close`) can no longer cancel the Release RPC half-way and leave the
+        Acquire stream, and so the lease, open.
+        """
+        if self._release_task is None:
+            self._release_task = asyncio.ensure_future(self._release_once())
+        await asyncio.shield(self._release_task)
+
+    async def _release_once(self) -> None:
         self._released_by_us = True
         self.valid.clear()
-        if self.lease is not None and not self.released.is_set():
-            try:
-                await self._client.stub.Release(broker_pb2.ReleaseRequest(lease_id=self.lease_id), timeout=5)
-            except grpc.aio.AioRpcError as e:
-                # NOT_FOUND: already freed (preempt raced, broker restarted); the stream close below still frees it.
-                if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
-                    raise
-        self.released.set()
-        if self._call is not None:
-            self._call.cancel()
+        try:
+            if self.lease is not None and not self.released.is_set():
+                try:
+                    await self._client.stub.Release(broker_pb2.ReleaseRequest(lease_id=self.lease_id), timeout=5)
+                except grpc.aio.AioRpcError as e:
+                    # NOT_FOUND: already freed (preempt raced, broker restarted); closing the stream frees it anyway.
+                    if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                        raise
+        finally:
+            self.released.set()
+            if self._call is not None:
+                self._call.cancel()
 
     async def close(self) -> None:
         await self.release()

@@ -17,7 +17,8 @@ log = logging.getLogger("training_service")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training_service", description="The training service over gRPC.")
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
-    p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT")
+    p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT; without it jobs take no lease")
+    p.add_argument("--client-id", default="training-0", help="this instance's name at the broker")
     p.add_argument("--output-dir", type=Path,
                    default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "training",
                    help="where jobs keep checkpoints and outputs")
@@ -33,7 +34,13 @@ async def _main(args: argparse.Namespace) -> None:
     from diffusion_kit.host_caps import probe_host
 
     caps = await asyncio.to_thread(probe_host)
-    running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store)
+    broker = None
+    if args.broker:
+        from gpu_broker.client import BrokerClient
+
+        broker = BrokerClient(args.broker)
+    running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
+                                           args.client_id)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

@@ -25,6 +25,8 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         step.step, step.total_steps, step.loss, step.avg_loss = data["step"], data["total"], data["loss"], data["avg_loss"]
         step.learning_rate, step.grad_norm = data["lr"], data["grad_norm"]
         step.samples_per_second, step.peak_memory_bytes = data["samples_per_s"], data["peak_memory_bytes"]
+    elif kind == "warning":
+        msg.warning.reason, msg.warning.message = data["reason"], data["message"]
     elif kind == "checkpoint":
         msg.checkpoint.step, msg.checkpoint.path = data["step"], data["path"]
     elif kind == "finished":

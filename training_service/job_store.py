@@ -13,7 +13,7 @@ from pathlib import Path
 
 from service_kit.errors import NotFound
 
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "SUSPENDED"}
 
 
 @dataclass

@@ -13,18 +13,27 @@ from google.protobuf import json_format
 from service_kit.errors import FailedPrecondition, Unimplemented
 from service_kit.service_process import ROOT
 from training_service.dit_lora_recipe import FORWARDS, RecipeConfig
+from training_service.precision_policy import training_bytes
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service.start_preflight import Preflighted
 
 log = logging.getLogger("training_service.jobs")
+
+
+def precision_value(applied: str) -> int:
+    from diffusion.v1 import common_pb2
+
+    return common_pb2.Precision.Value(applied)
 STDERR_TAIL = 2000
 
 
 class JobManager:
-    def __init__(self, store: JobStore, adapter_store_root: Path):
+    def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0"):
         self.store = store
         self.adapter_store_root = adapter_store_root
+        self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
+        self.client_id = client_id
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._changed = asyncio.Condition()
 
@@ -48,13 +57,61 @@ class JobManager:
                                              total_steps=total_steps))
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(checked.precision.to_proto())]})
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(job_id)), cwd=ROOT,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        self._procs[job_id] = proc
-        self.store.update(record, state="RUNNING")
-        asyncio.get_running_loop().create_task(self._follow(record, proc))
+        from inference_service.model_source import component_params
+
+        params = component_params(checked.base_dir).get(checked.family.denoiser)
+        need = training_bytes(checked.family, precision_value(checked.precision.applied), params)
+        asyncio.get_running_loop().create_task(self._run(record, req.priority, need))
         return record
+
+    async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
+        try:
+            await self._run_leased(record, priority, need_bytes)
+        except Exception as e:  # never lose a job silently: whatever broke is its final event
+            log.exception("job runner failed")
+            if record.state not in TERMINAL:
+                await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
+                                                        "message": f"{type(e).__name__}: {e}"})
+
+    async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int) -> None:
+        """Lease (when a broker is configured), then the child; the lease is released when the child ends."""
+        lease_ctx = None
+        if self.broker is not None:
+            from gpu_broker.client import LeaseError, LeaseRequest
+
+            await self._append(record, "phase", {"phase": "waiting_for_gpu"})
+            lease_ctx = self.broker.lease(
+                LeaseRequest(self.client_id, purpose=f"training {record.job_id} ({record.family})", priority=priority,
+                             memory_bytes=need_bytes, release_grace_s=60),
+                on_preempt=lambda event: self._suspend(record, event))
+            try:
+                await lease_ctx.__aenter__()
+            except LeaseError as e:
+                await self._append(record, "finished", {"state": "FAILED", "steps_completed": 0,
+                                                        "message": f"the GPU broker did not grant a lease: {e}"})
+                return
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)), cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            self._procs[record.job_id] = proc
+            self.store.update(record, state="RUNNING")
+            await self._follow(record, proc)
+        finally:
+            if lease_ctx is not None:
+                await lease_ctx.__aexit__(None, None, None)
+
+    async def _suspend(self, record: JobRecord, event) -> None:
+        """Preempted: the child checkpoints at its next step and exits; then the client library releases."""
+        proc = self._procs.get(record.job_id)
+        if proc is None or proc.returncode is not None:
+            return
+        await self._append(record, "warning", {"reason": "PREEMPTED",
+                                               "message": f"GPU preempted by {event.for_holder.client_id!r}: saving a "
+                                                          "checkpoint and releasing"})
+        proc.stdin.write(b"stop suspend\n")
+        await proc.stdin.drain()
+        await proc.wait()
 
     async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
         """Under the watchers' lock: a watcher never sees a final state without its `finished` event."""

@@ -21,7 +21,7 @@ ACCEPTED = (c.PRECISION_UNSPECIFIED, c.PRECISION_AUTO, c.PRECISION_FP32, *MODES)
 # FLUX 512 px: 31 - 23.8. Qwen-Image and SDXL are scaled estimates, not measurements.
 ACTIVATION_BYTES = {"zimage": int(18.7 * GiB), "flux1": int(7.2 * GiB), "qwen_image": int(20 * GiB),
                     "sdxl": int(6 * GiB)}
-BYTES_PER_PARAM = {c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.06, c.PRECISION_NF4: 0.56,
+BYTES_PER_PARAM = {c.PRECISION_FP32: 4.0, c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.06, c.PRECISION_NF4: 0.56,
                    c.PRECISION_FP8: 1.06, c.PRECISION_MXFP8: 1.06}
 HEADROOM = 1.2
 
@@ -30,10 +30,14 @@ def name(value: int) -> str:
     return c.Precision.Name(value) if value in c.Precision.values() else f"precision {value}"
 
 
-def training_bytes(family: FamilySpec, precision: int) -> int:
-    """Estimated peak of a training step: the frozen base at its precision plus the step's activations."""
-    params = family.denoiser_bytes / 2
-    return int(params * BYTES_PER_PARAM[precision]) + ACTIVATION_BYTES[family.key]
+def training_bytes(family: FamilySpec, precision: int, denoiser_params: int | None = None) -> int:
+    """Estimated peak of a training step: the frozen base at its precision plus the step's activations.
+
+    With the actual model's parameter count, activations scale with it (a tiny test model needs little).
+    """
+    nominal = family.denoiser_bytes / 2
+    params = nominal if denoiser_params is None else denoiser_params
+    return int(params * BYTES_PER_PARAM[precision] + ACTIVATION_BYTES[family.key] * min(1.0, params / nominal))
 
 
 def why_not(precision: int, caps: HostCaps, family: FamilySpec) -> str | None:

@@ -7,12 +7,13 @@ from service_kit.server_runtime import RunningServer, create_server
 SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_name
 
 
-async def create_training_server(listen: str, caps, output_root, adapter_store_root) -> RunningServer:
+async def create_training_server(listen: str, caps, output_root, adapter_store_root, broker=None,
+                                 client_id: str = "training-0") -> RunningServer:
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.servicer import TrainingServicer
 
-    jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root)
+    jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id)
 
     def register(server):
         training_pb2_grpc.add_TrainingServiceServicer_to_server(TrainingServicer(caps, output_root, jobs), server)

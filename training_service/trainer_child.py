@@ -1,7 +1,8 @@
 """One training job in its own process: `python -m training_service.trainer_child JOB_DIR`.
 
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
-`stop save` or `stop discard` on stdin, honoured at the next step boundary. A crash here never
+`stop save`, `stop discard` or `stop suspend` (the broker preempted the GPU) on stdin, honoured
+at the next step boundary. A crash here never
 takes the service down: the service sees the process end without a `finished` event.
 """
 from __future__ import annotations
@@ -44,6 +45,10 @@ def main(job_dir: Path) -> int:
         recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued
     if stop.get("mode") == "discard":
         emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
+        return 0
+    if stop.get("mode") == "suspend":
+        emit("finished", {"state": "SUSPENDED", "steps_completed": steps,
+                          "message": f"the GPU was preempted at step {steps}; checkpoint saved, resume with resume_job_id"})
         return 0
     emit("phase", {"phase": "saving"})
     export = recipe.export_adapter(job_dir / "export")

@@ -1,6 +1,5 @@
 """Training jobs over real loopback gRPC: a child process per job, Watch with replay, Stop, crash handling."""
 import subprocess
-import time
 
 import grpc
 import pytest
@@ -75,10 +74,12 @@ def test_start_watch_complete_and_replay(service, tiny_models, dirs):
 
 
 def _wait_first_step(service, job_id):
+    seen = []
     for event in service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120):
         if event.WhichOneof("event") == "step":
             return event.sequence
-    raise AssertionError("no step event")
+        seen.append(event)
+    raise AssertionError(f"no step event: {seen}")
 
 
 @pytest.mark.parametrize("mode, adapter_published", [(pb.STOP_MODE_SAVE, True), (pb.STOP_MODE_DISCARD, False)])

@@ -1,0 +1,70 @@
+"""Training under a real broker: preflights before Acquire, preemption suspends with a checkpoint, crashes release."""
+import subprocess
+
+import grpc
+import pytest
+
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+from tests.training_service.test_training_jobs import _wait_first_step, dirs, request  # noqa: F401 (fixture)
+
+
+@pytest.fixture
+def stack(start_broker, dirs):  # noqa: F811
+    broker_proc, broker = start_broker(fake_devices="1x24GiB")
+    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(dirs["out"]),
+                         "--adapter-store", str(dirs["adapters"]), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    yield broker, training_pb2_grpc.TrainingServiceStub(channel)
+    channel.close()
+    proc.stop()
+
+
+def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, tmp_path):  # noqa: F811
+    broker, service = stack
+    timeline = broker.timeline()
+    holder = broker.granted("inference-0", priority=0)
+    for bad in (request(tiny_models, dirs, dataset=pb.Dataset(image_dir=str(tmp_path / "none"))),
+                request(tiny_models, dirs, base_precision=5), request(tiny_models, dirs, rank=-1)):
+        with pytest.raises(grpc.RpcError):
+            service.StartTraining(bad)
+    assert holder.kinds_so_far(0.3) == [] and timeline.kinds() == ["SNAPSHOT", "GRANTED"]
+
+
+def test_preempt_suspends_with_a_checkpoint_and_the_job_resumes(stack, tiny_models, dirs):  # noqa: F811
+    broker, service = stack
+    timeline = broker.timeline()
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=200, priority=1)).job_id
+    _wait_first_step(service, job_id)
+    granted = timeline.wait_for("GRANTED", timeout=10)
+    assert granted.transition.holder.client_id == "training-0"
+    urgent = broker.acquire("urgent", priority=9)
+    assert urgent.wait_for("granted", timeout=60).granted.holder.client_id == "urgent"
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
+    warning = next(e.warning for e in events if e.WhichOneof("event") == "warning")
+    assert warning.reason == "PREEMPTED" and "urgent" in warning.message
+    finished = events[-1].finished
+    assert finished.state == pb.TRAINING_JOB_STATE_SUSPENDED and 0 < finished.steps_completed < 200
+    released = timeline.wait_for("RELEASED", timeout=10)
+    assert released.transition.holder.client_id == "training-0"
+    broker.release(urgent)
+    resumed_id = service.StartTraining(request(tiny_models, dirs, steps=200, priority=1, resume_job_id=job_id)).job_id
+    first_step = next(e.step.step for e in service.WatchTraining(pb.WatchTrainingRequest(job_id=resumed_id), timeout=60)
+                      if e.WhichOneof("event") == "step")
+    assert first_step == finished.steps_completed + 1
+    service.StopTraining(pb.StopTrainingRequest(job_id=resumed_id, mode=pb.STOP_MODE_DISCARD))
+
+
+def test_killed_child_releases_the_lease(stack, tiny_models, dirs):  # noqa: F811
+    broker, service = stack
+    timeline = broker.timeline()
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=200)).job_id
+    _wait_first_step(service, job_id)
+    assert [l.holder.client_id for l in broker.status().leases] == ["training-0"]
+    subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
+    timeline.wait_for("RELEASED", timeout=15)
+    assert list(broker.status().leases) == []
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_FAILED
