@@ -1,9 +1,10 @@
-"""`make demo`: the broker and the inference service on loopback, a locally built model, one image over gRPC.
+"""`make demo`: broker, inference and training on loopback, a locally built model, images and a LoRA over gRPC.
 
 Builds a tiny random-weight Z-Image pipeline in code (no download), starts a broker with a
 fake one-device inventory and the inference service under it, loads the model (streaming
-its phases), generates with a progress bar, writes the PNG, prints the resolved settings and
-the broker's lease timeline, then stops everything it started.
+its phases), generates with a progress bar, writes the PNG, prints the resolved settings, trains a
+LoRA for a few steps on images the model itself just made, generates again with the new adapter,
+shows the broker's leases, then stops everything it started.
 """
 from __future__ import annotations
 
@@ -34,6 +35,39 @@ def build_model() -> Path:
     return target
 
 
+def train_an_adapter(address: str, model_dir: Path, stub, request: pb.GenerateRequest) -> str:
+    """Makes a small dataset with the model itself, trains a LoRA for a few steps, returns the adapter id."""
+    from diffusion.v1 import training_pb2 as tpb
+    from diffusion.v1 import training_pb2_grpc
+
+    data = OUT / "dataset"
+    data.mkdir(parents=True, exist_ok=True)
+    for seed in (1, 2, 3):
+        result = list(stub.Generate(pb.GenerateRequest(model_id="demo-zimage", prompt="a lighthouse", width=128,
+                                                       height=128, steps=4, seeds=[seed])))[-1].result
+        (data / f"lighthouse-{seed}.png").write_bytes(result.images[0].data)
+        (data / f"lighthouse-{seed}.txt").write_text("a lighthouse, sks style")
+    print(f"\nTrain: a LoRA on {data.relative_to(ROOT)} (3 images the model just made), 12 steps, rank 8")
+    adapter_id = f"demo-lighthouse-{int(time.time())}"
+    with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
+        tstub = training_pb2_grpc.TrainingServiceStub(channel)
+        job = tstub.StartTraining(tpb.StartTrainingRequest(
+            family=common_pb2.FAMILY_ZIMAGE, base=pb.ModelSource(local_dir=str(model_dir)),
+            dataset=tpb.Dataset(image_dir=str(data)), rank=8, steps=12, resolution=128, learning_rate=1e-3,
+            seed=0, priority=1, adapter_id=adapter_id))
+        for ev in tstub.WatchTraining(tpb.WatchTrainingRequest(job_id=job.job_id)):
+            kind = ev.WhichOneof("event")
+            if kind == "step" and ev.step.step % 4 == 0:
+                print(f"  step {ev.step.step:>2}/{ev.step.total_steps}  loss {ev.step.loss:.4f}  "
+                      f"lr {ev.step.learning_rate:.1e}  grad norm {ev.step.grad_norm:.3f}")
+            elif kind == "phase":
+                print(f"  phase {tpb.TrainingPhase.Name(ev.phase.phase).removeprefix('TRAINING_PHASE_').lower()}")
+            elif kind == "finished":
+                print(f"  job {job.job_id}: {tpb.TrainingJobState.Name(ev.finished.state)}, adapter "
+                      f"{ev.finished.adapter_id} published")
+    return adapter_id
+
+
 def main() -> int:
     from tqdm import tqdm
 
@@ -42,7 +76,9 @@ def main() -> int:
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB")
     inference = start_service("inference_service", "--broker", broker.address, "--compile-backend", "aot_eager",
                               "--adapter-store", str(OUT / "adapters"), timeout=180)
-    print(f"  broker {broker.address}, inference {inference.address}\n")
+    training = start_service("training_service", "--broker", broker.address, "--output-dir", str(OUT / "training"),
+                             "--adapter-store", str(OUT / "adapters"), timeout=180)
+    print(f"  broker {broker.address}, inference {inference.address}, training {training.address}\n")
     try:
         with grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS) as ch, \
                 grpc.insecure_channel(broker.address, options=CLIENT_OPTIONS) as bch:
@@ -76,18 +112,30 @@ def main() -> int:
             for r in result.resolved:
                 why = f"  ({r.reason})" if r.reason else ""
                 print(f"  {r.control:<28} {r.requested or '-':<26} -> {r.applied:<26} {STATUS[r.status]}{why}")
+            adapter_id = train_an_adapter(training.address, model_dir, stub, request)
+            styled = [ev for ev in stub.Generate(pb.GenerateRequest(
+                model_id="demo-zimage", prompt=request.prompt, width=128, height=128, steps=12, seeds=[42],
+                adapters=[pb.AdapterRef(adapter_id=adapter_id, weight=1.0)]))][-1].result
+            path = OUT / "demo-zimage-seed42-lora.png"
+            path.write_bytes(styled.images[0].data)
+            print(f"  generated with the new adapter: {path.relative_to(ROOT)} "
+                  f"({'differs from' if styled.images[0].data != image.data else 'SAME AS'} the base image)")
             state = broker_stub.Status(broker_pb2.StatusRequest()).state
             print("\nBroker leases now:")
             for lease in state.leases:
                 print(f"  {lease.lease_id} {lease.holder.client_id} device {lease.device_index} "
                       f"{lease.memory_bytes / 2**30:.1f} GiB ({lease.holder.purpose})")
             stub.Unload(pb.UnloadRequest(model_id="demo-zimage"))
-            time.sleep(0.2)
-            print(f"  after Unload: {len(broker_stub.Status(broker_pb2.StatusRequest()).state.leases)} leases")
+            deadline = time.monotonic() + 10  # the trainer's lease goes back when its child process has exited
+            while broker_stub.Status(broker_pb2.StatusRequest()).state.leases and time.monotonic() < deadline:
+                time.sleep(0.1)
+            print(f"  after Unload and the trainer's exit: "
+                  f"{len(broker_stub.Status(broker_pb2.StatusRequest()).state.leases)} leases")
     finally:
+        training.stop()
         inference.stop()
         broker.stop()
-    print("\nOK: broker and inference service stopped.")
+    print("\nOK: broker, inference and training services stopped.")
     return 0
 
 
