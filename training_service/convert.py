@@ -37,6 +37,14 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
     return msg
 
 
+def adapter(info) -> pb.Adapter:
+    msg = pb.Adapter(adapter_id=info.adapter_id, family=FAMILIES[info.family].proto, base=info.base, rank=info.rank,
+                     alpha=info.alpha, steps=info.steps, resolution=info.resolution,
+                     trigger_words=list(info.trigger_words), job_id=info.job_id, size_bytes=info.size_bytes)
+    msg.create_time.FromNanoseconds(int(info.created * 1e9))
+    return msg
+
+
 def job(record: JobRecord) -> pb.TrainingJob:
     msg = pb.TrainingJob(job_id=record.job_id, state=STATES[record.state], family=FAMILIES[record.family].proto,
                          steps_completed=record.steps_completed, total_steps=record.total_steps,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
+from diffusion_kit.adapter_store import AdapterStore
+from diffusion_kit.families import BY_PROTO as FAMILIES_BY_PROTO
 from diffusion_kit.families import FAMILIES
 from training_service import convert
 from training_service.info import training_info
@@ -15,6 +17,7 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         self.caps = caps
         self.output_root = output_root
         self.jobs = jobs
+        self.adapters = AdapterStore(jobs.adapter_store_root)
 
     async def GetTrainingInfo(self, request, context):
         return training_info(self.caps, FAMILIES.values())
@@ -33,6 +36,14 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
 
     async def GetTrainingJob(self, request, context):
         return pb.GetTrainingJobResponse(job=convert.job(self.jobs.store.get(request.job_id)))
+
+    async def ListAdapters(self, request, context):
+        wanted = FAMILIES_BY_PROTO.get(request.family) if request.family else None
+        return pb.ListAdaptersResponse(adapters=[convert.adapter(a) for a in self.adapters.list()
+                                                 if wanted is None or a.family == wanted.key])
+
+    async def DeleteAdapter(self, request, context):
+        return pb.DeleteAdapterResponse(adapter=convert.adapter(self.adapters.delete(request.adapter_id)))
 
     async def ListTrainingJobs(self, request, context):
         records = sorted(self.jobs.store.jobs.values(), key=lambda r: r.created, reverse=True)

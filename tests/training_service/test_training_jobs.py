@@ -158,3 +158,26 @@ def test_stopped_job_resumes_bit_identically(service, tiny_models, dirs):
     with pytest.raises(grpc.RpcError) as e:
         service.StartTraining(request(tiny_models, dirs, steps=6, rank=8, resume_job_id=first_id))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "rank" in e.value.details()
+
+
+def test_list_and_delete_adapters(service, tiny_models, dirs):
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=2, adapter_id="to-delete",
+                                           trigger_words=["sks"])).job_id
+    list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    listed = {a.adapter_id: a for a in service.ListAdapters(pb.ListAdaptersRequest(family=c.FAMILY_ZIMAGE)).adapters}
+    adapter = listed["to-delete"]
+    assert (adapter.family, adapter.rank, adapter.steps, list(adapter.trigger_words), adapter.job_id) == \
+        (c.FAMILY_ZIMAGE, 4, 2, ["sks"], job_id)
+    assert adapter.size_bytes > 0
+    assert not service.ListAdapters(pb.ListAdaptersRequest(family=c.FAMILY_FLUX1)).adapters
+    # A live process that has it loaded pins it: deleting is refused until it lets go.
+    store = AdapterStore(dirs["adapters"])
+    store.pin("to-delete", "inference-test")
+    with pytest.raises(grpc.RpcError) as e:
+        service.DeleteAdapter(pb.DeleteAdapterRequest(adapter_id="to-delete"))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "inference-test" in e.value.details()
+    store.unpin("to-delete", "inference-test")
+    assert service.DeleteAdapter(pb.DeleteAdapterRequest(adapter_id="to-delete")).adapter.adapter_id == "to-delete"
+    with pytest.raises(grpc.RpcError) as e:
+        service.DeleteAdapter(pb.DeleteAdapterRequest(adapter_id="to-delete"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
