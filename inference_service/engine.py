@@ -99,6 +99,7 @@ class LoadedModel:
 class _Job:
     id: str
     request: pb.GenerateRequest
+    spec: generation.GenerationSpec  # parsed once, against the model loaded when it was queued
     events: asyncio.Queue
     control: generation.RunControl = field(default_factory=generation.RunControl)
     enqueued_at: float = field(default_factory=time.perf_counter)
@@ -276,7 +277,7 @@ class InferenceEngine:
         if len(self._pending) >= self.max_queue_depth:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
-        job = _Job(job_id, req, asyncio.Queue())
+        job = _Job(job_id, req, spec, asyncio.Queue())
         self._jobs[job_id] = job
         self._pending.append(job)
         self._wake.set()
@@ -368,9 +369,8 @@ class InferenceEngine:
             self._notify_positions()
             started = time.perf_counter()
             family = model.plan.family
+            spec = job.spec
             try:
-                spec = generation.parse_generate(job.request, family, model.built.size_multiple)
-
                 def on_step(report):
                     job.last_progress = report
                     loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent("denoising", progress=report))
