@@ -181,3 +181,29 @@ def test_list_and_delete_adapters(service, tiny_models, dirs):
     with pytest.raises(grpc.RpcError) as e:
         service.DeleteAdapter(pb.DeleteAdapterRequest(adapter_id="to-delete"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_trained_adapter_loads_in_the_inference_service(service, tiny_models, dirs):
+    from diffusion.v1 import inference_pb2 as ipb
+    from tests.inference_service.harness import InferenceClient, decode, result_of
+
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="for-inference",
+                                           learning_rate=1e-2)).job_id
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    assert events[-1].finished.adapter_id == "for-inference"
+    proc = start_service("inference_service", *InferenceClient.TEST_FLAGS, "--adapter-store", str(dirs["adapters"]),
+                         timeout=180)
+    client = InferenceClient(proc.address)
+    try:
+        client.load("z", tiny_models["zimage"])
+
+        def image(weight=None):
+            adapters = [] if weight is None else [ipb.AdapterRef(adapter_id="for-inference", weight=weight)]
+            return decode(result_of(client.generate("z", seeds=[5], adapters=adapters)).images[0]).tobytes()
+
+        base = image()
+        assert image(1.0) != base
+        assert image(0.0) == base
+    finally:
+        client.close()
+        proc.stop()
