@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from diffusion_kit.families import FamilySpec, check_pipeline_dir, family_from_proto
+from diffusion_kit.weights_on_disk import component_params, safetensors_params
 from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -40,34 +41,6 @@ class SourceFiles:
             bits = denoiser_bits if (name == self.family.denoiser and denoiser_bits) else TARGET_BYTES[dtype] * 8
             per[name] = int(count * bits / 8)
         return sum(per.values()), max(per.values(), default=0)
-
-
-def safetensors_params(path: Path) -> int:
-    """Parameter count from a safetensors header: the first 8 bytes give its length, then JSON."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    total = 0
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        count = 1
-        for dim in meta["shape"]:
-            count *= dim
-        total += count
-    return total
-
-
-def component_params(pipeline_dir: Path) -> dict[str, int]:
-    index = json.loads((pipeline_dir / "model_index.json").read_text())
-    out = {}
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list):
-            continue
-        files = list((pipeline_dir / name).glob("*.safetensors")) if (pipeline_dir / name).is_dir() else []
-        if files:
-            out[name] = sum(safetensors_params(f) for f in files)
-    return out
 
 
 def resolve_source(source, requested_family: int, *, download: Callable | None = None,

@@ -12,6 +12,7 @@ from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
 from service_kit.errors import FailedPrecondition, Unimplemented
 from service_kit.service_process import ROOT
+from diffusion_kit.weights_on_disk import component_params
 from training_service.dit_lora_recipe import FORWARDS, RecipeConfig
 from training_service.precision_policy import training_bytes
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
@@ -57,8 +58,6 @@ class JobManager:
                                              total_steps=total_steps))
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(checked.precision.to_proto())]})
-        from inference_service.model_source import component_params
-
         params = component_params(checked.base_dir).get(checked.family.denoiser)
         need = training_bytes(checked.family, precision_value(checked.precision.applied), params)
         asyncio.get_running_loop().create_task(self._run(record, req.priority, need))
