@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from diffusion_kit.compile_cache import configure_compile_cache
 from service_kit import structured_log
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
@@ -36,14 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
-
-
-def configure_compile_cache(directory: Path) -> None:
-    """Inductor's FX-graph and autograd caches on disk; set before torch is imported anywhere."""
-    directory.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(directory))
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
 
 
 async def _main(args: argparse.Namespace) -> None:

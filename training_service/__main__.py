@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from diffusion_kit.compile_cache import configure_compile_cache
 from training_service.server import create_training_server
 from service_kit import structured_log
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
@@ -25,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter-store", type=Path,
                    default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
                    help="the LoRA adapter store finished jobs publish to (the inference service reads it)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for SPEED_MODE_DEFAULT runs (aot_eager in CPU tests)")
+    p.add_argument("--compile-cache-dir", type=Path,
+                   default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
+                   help="persistent compile cache the trainer processes share, so a second run compiles warm")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -40,7 +46,7 @@ async def _main(args: argparse.Namespace) -> None:
 
         broker = BrokerClient(args.broker)
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
-                                           args.client_id)
+                                           args.client_id, args.compile_backend)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)
@@ -50,6 +56,7 @@ async def _main(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     structured_log.configure(args.log_level)
+    configure_compile_cache(args.compile_cache_dir)  # inherited by every trainer child
     asyncio.run(_main(args))
 
 

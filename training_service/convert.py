@@ -25,6 +25,11 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         step.step, step.total_steps, step.loss, step.avg_loss = data["step"], data["total"], data["loss"], data["avg_loss"]
         step.learning_rate, step.grad_norm = data["lr"], data["grad_norm"]
         step.samples_per_second, step.peak_memory_bytes = data["samples_per_s"], data["peak_memory_bytes"]
+        step.elapsed.FromNanoseconds(int(data.get("elapsed_s", 0) * 1e9))
+        step.eta.FromNanoseconds(int(data.get("eta_s", 0) * 1e9))
+    elif kind == "sample":
+        msg.sample.step, msg.sample.prompt = data["step"], data["prompt"]
+        msg.sample.png = _read(data["path"])
     elif kind == "warning":
         msg.warning.reason, msg.warning.message = data["reason"], data["message"]
     elif kind == "checkpoint":
@@ -35,6 +40,15 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         msg.finished.adapter_id = data.get("adapter_id", "")
         msg.finished.message = data.get("message", "")
     return msg
+
+
+def _read(path: str) -> bytes:
+    """A sample's PNG lives in the job folder; the event log keeps only its path."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
 
 
 def adapter(info) -> pb.Adapter:

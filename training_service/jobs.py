@@ -10,10 +10,10 @@ from pathlib import Path
 
 from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
-from service_kit.errors import FailedPrecondition, Unimplemented
+from service_kit.errors import FailedPrecondition
 from service_kit.service_process import ROOT
 from diffusion_kit.weights_on_disk import component_params
-from training_service.dit_lora_recipe import FORWARDS, RecipeConfig
+from training_service.lora_recipe import RecipeConfig
 from training_service.precision_policy import training_bytes
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
@@ -30,8 +30,10 @@ STDERR_TAIL = 2000
 
 
 class JobManager:
-    def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0"):
+    def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
+                 compile_backend: str = "inductor"):
         self.store = store
+        self.compile_backend = compile_backend
         self.adapter_store_root = adapter_store_root
         self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
         self.client_id = client_id
@@ -39,17 +41,21 @@ class JobManager:
         self._changed = asyncio.Condition()
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
-        if checked.family.key not in FORWARDS:
-            raise Unimplemented(f"every preflight passed, but the trainer for {checked.family.display} is not built "
-                                "yet (Z-Image is); nothing was started", reason="TRAINER_NOT_BUILT")
         job_id = "job-" + uuid.uuid4().hex[:12]
         total_steps = req.steps or DEFAULT_STEPS
+        settings = checked.run
+        rank = req.rank or DEFAULT_RANK
         recipe = {"family": checked.family.key, "base_dir": str(checked.base_dir),
                   "examples": [[str(e.image), e.caption] for e in checked.examples],
-                  "rank": req.rank or DEFAULT_RANK, "alpha": req.alpha if req.HasField("alpha") else float(req.rank or DEFAULT_RANK),
+                  "rank": rank, "alpha": req.alpha if req.HasField("alpha") else float(rank),
                   "learning_rate": req.learning_rate if req.HasField("learning_rate") else DEFAULT_LR,
                   "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
-                  "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every}
+                  "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every,
+                  "device": settings.device, "precision": settings.precision, "optimizer": settings.optimizer,
+                  "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size, "buckets": settings.buckets,
+                  "compile": settings.compile, "compile_backend": self.compile_backend,
+                  "gradient_checkpointing": settings.gradient_checkpointing, "sample_every": settings.sample_every,
+                  "sample_prompts": list(settings.sample_prompts)}
         run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
                "trigger_words": list(req.trigger_words)}
         if req.resume_job_id:
@@ -57,7 +63,8 @@ class JobManager:
         record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
                                              total_steps=total_steps))
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
-        await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(checked.precision.to_proto())]})
+        await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
+                                                             for r in settings.resolved]})
         params = component_params(checked.base_dir).get(checked.family.denoiser)
         need = training_bytes(checked.family, precision_value(checked.precision.applied), params)
         asyncio.get_running_loop().create_task(self._run(record, req.priority, need))

@@ -21,7 +21,7 @@ ACCEPTED = (c.PRECISION_UNSPECIFIED, c.PRECISION_AUTO, c.PRECISION_FP32, *MODES)
 # FLUX 512 px: 31 - 23.8. Qwen-Image and SDXL are scaled estimates, not measurements.
 ACTIVATION_BYTES = {"zimage": int(18.7 * GiB), "flux1": int(7.2 * GiB), "qwen_image": int(20 * GiB),
                     "sdxl": int(6 * GiB)}
-BYTES_PER_PARAM = {c.PRECISION_FP32: 4.0, c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.06, c.PRECISION_NF4: 0.56,
+BYTES_PER_PARAM = {c.PRECISION_FP32: 4.0, c.PRECISION_FP16: 2.0, c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.06, c.PRECISION_NF4: 0.56,
                    c.PRECISION_FP8: 1.06, c.PRECISION_MXFP8: 1.06}
 HEADROOM = 1.2
 

@@ -14,6 +14,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from training_service import dataset, precision_policy
+from training_service.run_settings import RunSettings, resolve_run
 
 MIN_FREE_DISK = 2 * 2**30  # checkpoints of a rank-16 adapter plus optimizer state, with margin
 
@@ -25,6 +26,7 @@ class Preflighted:
     examples: list[dataset.Example]
     precision: Resolved
     prequantized: bool
+    run: RunSettings
 
 
 def is_prequantized(base_dir: Path, family: FamilySpec) -> bool:
@@ -61,8 +63,9 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
     prequantized = is_prequantized(base_dir, family)
     precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized)
     examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt)
+    run = resolve_run(req, caps, family, precision, examples[0].caption)
     check_output(output_root)
-    return Preflighted(family, base_dir, examples, precision, prequantized)
+    return Preflighted(family, base_dir, examples, precision, prequantized, run)
 
 
 def check_output(output_root: Path) -> None:

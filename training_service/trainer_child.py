@@ -19,7 +19,7 @@ def emit(kind: str, data: dict) -> None:
 
 def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
-    from training_service.dit_lora_recipe import DiTLoraRecipe, RecipeConfig
+    from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     run = json.loads((job_dir / "run.json").read_text())
     stop: dict[str, str] = {}
@@ -32,14 +32,15 @@ def main(job_dir: Path) -> int:
 
     threading.Thread(target=read_stdin, daemon=True).start()
     cfg = RecipeConfig(**run["recipe"])
-    recipe = DiTLoraRecipe(cfg, emit)
+    recipe = LoraRecipe(cfg, emit)
     recipe.setup()
     if run.get("resume_from"):
         recipe.load_checkpoint(Path(run["resume_from"]))
         emit("phase", {"phase": "training", "message": f"resumed at step {recipe.state.step}"})
     else:
         emit("phase", {"phase": "training"})
-    recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint")
+    recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint",
+                 sample_dir=job_dir / "samples")
     steps = recipe.state.step
     if stop.get("mode") != "discard":
         recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued
@@ -53,7 +54,7 @@ def main(job_dir: Path) -> int:
     emit("phase", {"phase": "saving"})
     export = recipe.export_adapter(job_dir / "export")
     emit("phase", {"phase": "publishing"})
-    lora_config = json.loads(json.dumps(recipe.transformer.peft_config["default"].to_dict(),
+    lora_config = json.loads(json.dumps(recipe.model.peft_config["default"].to_dict(),
                                         default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
     info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=cfg.base_dir, rank=cfg.rank,
                        alpha=cfg.alpha, lora_config=lora_config,

@@ -183,27 +183,64 @@ def test_list_and_delete_adapters(service, tiny_models, dirs):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_trained_adapter_loads_in_the_inference_service(service, tiny_models, dirs):
-    from diffusion.v1 import inference_pb2 as ipb
-    from tests.inference_service.harness import InferenceClient, decode, result_of
+FAMILY_PROTOS = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1, "qwen_image": c.FAMILY_QWEN_IMAGE,
+                 "sdxl": c.FAMILY_SDXL}
 
-    job_id = service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="for-inference",
-                                           learning_rate=1e-2)).job_id
-    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
-    assert events[-1].finished.adapter_id == "for-inference"
+
+def family_request(tiny_models, dirs, family, **kw):
+    return request(tiny_models, dirs, family=FAMILY_PROTOS[family],
+                   base=inference_pb2.ModelSource(local_dir=str(tiny_models[family])), **kw)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_PROTOS))
+def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_models, dirs, family):
+    job_id = service.StartTraining(family_request(
+        tiny_models, dirs, family, steps=4, batch_size=2, sample_every=2, sample_prompts=["a violet card"],
+        lr_schedule=pb.LR_SCHEDULE_COSINE, gradient_checkpointing=True,
+        dataset=pb.Dataset(image_dir=str(dirs["data"]), instance_prompt="a violet card", aspect_ratio_buckets=True),
+        adapter_id=f"every-{family}")).job_id
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=180))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
+    resolved = {r.control: r.applied for r in events[0].resolved.resolved}
+    assert resolved["lr_schedule"].startswith("cosine") and resolved["gradient_checkpointing"] == "true"
+    assert resolved["aspect_ratio_buckets"] == "true" and resolved["optimizer"] == "adamw"
+    steps = [e.step for e in events if e.WhichOneof("event") == "step"]
+    assert [s.step for s in steps] == [1, 2, 3, 4] and all(s.samples_per_second > 0 for s in steps)
+    assert steps[0].eta.ToNanoseconds() > 0 and steps[-1].elapsed.ToNanoseconds() > 0
+    samples = [e.sample for e in events if e.WhichOneof("event") == "sample"]
+    assert [(s.step, s.prompt) for s in samples] == [(2, "a violet card"), (4, "a violet card")]
+    assert all(s.png.startswith(b"\x89PNG") for s in samples)
+    assert AdapterStore(dirs["adapters"]).get(f"every-{family}").family == family
+
+
+@pytest.fixture(scope="module")
+def inference(dirs):
+    from tests.inference_service.harness import InferenceClient
+
     proc = start_service("inference_service", *InferenceClient.TEST_FLAGS, "--adapter-store", str(dirs["adapters"]),
                          timeout=180)
     client = InferenceClient(proc.address)
-    try:
-        client.load("z", tiny_models["zimage"])
+    yield client
+    client.close()
+    proc.stop()
 
-        def image(weight=None):
-            adapters = [] if weight is None else [ipb.AdapterRef(adapter_id="for-inference", weight=weight)]
-            return decode(result_of(client.generate("z", seeds=[5], adapters=adapters)).images[0]).tobytes()
 
-        base = image()
-        assert image(1.0) != base
-        assert image(0.0) == base
-    finally:
-        client.close()
-        proc.stop()
+@pytest.mark.parametrize("family", list(FAMILY_PROTOS))
+def test_trained_adapter_loads_in_the_inference_service(service, inference, tiny_models, dirs, family):
+    from diffusion.v1 import inference_pb2 as ipb
+    from tests.inference_service.harness import decode, result_of
+
+    adapter_id = f"for-inference-{family}"
+    job_id = service.StartTraining(family_request(tiny_models, dirs, family, steps=3, adapter_id=adapter_id,
+                                                  learning_rate=1e-2)).job_id
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    assert events[-1].finished.adapter_id == adapter_id, events[-1].finished.message
+    inference.load(family, tiny_models[family])
+
+    def image(weight=None):
+        adapters = [] if weight is None else [ipb.AdapterRef(adapter_id=adapter_id, weight=weight)]
+        return decode(result_of(inference.generate(family, seeds=[5], adapters=adapters)).images[0]).tobytes()
+
+    base = image()
+    assert image(1.0) != base
+    assert image(0.0) == base

@@ -69,23 +69,26 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
         (dict(good, dataset=pb.Dataset(image_dir=str(tmp_path / "broken"))), grpc.StatusCode.INVALID_ARGUMENT,
          "BAD_IMAGE"),
         (dict(good, adapter_id="../up"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ADAPTER_ID"),
+        (dict(good, optimizer=pb.OPTIMIZER_ADAMW_8BIT), grpc.StatusCode.FAILED_PRECONDITION, "OPTIMIZER_UNAVAILABLE"),
+        (dict(good, batch_size=65), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
+        (dict(good, lr_schedule=99), grpc.StatusCode.INVALID_ARGUMENT, "BAD_LR_SCHEDULE"),
+        (dict(good, sample_every=-1), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
     ]
     for fields, code, reason in cases:
         with pytest.raises(grpc.RpcError) as e:
             start(training, **fields)
         assert (e.value.code(), error_info(e.value).reason) == (code, reason), e.value.details()
-    # A family whose trainer is not built yet is refused after the preflights, before anything starts.
-    with pytest.raises(grpc.RpcError) as e:
-        start(training, **dict(good, family=c.FAMILY_FLUX1, base=inference_pb2.ModelSource(local_dir=str(tiny_models["flux1"]))))
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "every preflight passed" in e.value.details()
 
 
 def test_sdxl_ignores_a_leftover_precision_but_not_an_unknown_one(training, tiny_models, dataset_dir):
     base = inference_pb2.ModelSource(local_dir=str(tiny_models["sdxl"]))
-    with pytest.raises(grpc.RpcError) as e:
-        start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
-              base_precision=c.PRECISION_FP8)
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED  # passed: fp8 is ignored for SDXL
+    started = start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
+                    base_precision=c.PRECISION_FP8, steps=2, resolution=64, rank=4)
+    events = list(training.WatchTraining(pb.WatchTrainingRequest(job_id=started.job_id), timeout=120))
+    precision = events[0].resolved.resolved[0]
+    assert (precision.requested, precision.applied) == ("PRECISION_FP8", "PRECISION_FP32")
+    assert precision.status == c.SETTING_STATUS_UNSUPPORTED and "ignored" in precision.reason
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
     with pytest.raises(grpc.RpcError) as e:
         start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
               base_precision=c.PRECISION_NVFP4)

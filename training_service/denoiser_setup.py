@@ -1,0 +1,100 @@
+"""The trainable denoiser: loaded at its base precision, given a LoRA, quantised, optionally compiled.
+
+Order matters and follows the reference system's fixes:
+- nf4 quantises at load (bitsandbytes Linear4bit), then the LoRA wraps the 4-bit layers (QLoRA);
+- int8 quantises *after* add_adapter, only the frozen base layers (torchao weight-only), and runs eager;
+- fp8 swaps the frozen linears for torchao Float8Linear with the filter (no LoRA, no proj_out, no
+  dimension that is not a multiple of 16), and compiles;
+- mxfp8 uses torchao's MXFP8 training wrapper (Blackwell); if it cannot apply, the base stays bf16
+  and a warning says so.
+LoRA parameters are always fp32; the step runs under bf16 autocast on a GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from diffusion_kit.families import FamilySpec
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "nf4": torch.bfloat16,
+          "int8": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16}
+
+
+@dataclass
+class Denoiser:
+    model: torch.nn.Module
+    params: list[torch.nn.Parameter]
+    precision: str  # what the base actually is after any fallback
+    compiled: bool
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+
+
+def frozen_linear_filter(min_features: int = 16) -> Callable:
+    """The frozen base linears worth a low-precision matmul: LoRA layers and the output projection stay high."""
+
+    def accept(module, fqn: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and "lora_" not in fqn and "proj_out" not in fqn
+                and module.in_features >= min_features and module.out_features >= min_features
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    return accept
+
+
+def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str, *, rank: int, alpha: float,
+                  seed: int, gradient_checkpointing: bool, compile_backend: str | None,
+                  phase: Callable[[str, str], None] = lambda phase, message: None) -> Denoiser:
+    import diffusers
+    from peft import LoraConfig
+
+    cls = getattr(diffusers, family.denoiser_class)
+    dtype = DTYPES[precision]
+    kwargs = {"subfolder": family.denoiser, "torch_dtype": dtype}
+    if precision == "nf4":
+        kwargs["quantization_config"] = diffusers.BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+        phase("quantizing", "nf4 (bitsandbytes) at load")
+    model = cls.from_pretrained(base_dir, **kwargs)
+    model.requires_grad_(False)
+    warnings: list[tuple[str, str]] = []
+    if gradient_checkpointing:
+        model.enable_gradient_checkpointing()
+    torch.manual_seed(seed)  # peft draws the LoRA init from the global generator
+    model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
+                                 target_modules=list(family.lora_targets)))
+    if precision != "nf4":  # bitsandbytes placed the 4-bit model already
+        model.to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.data = p.data.to(device=device, dtype=torch.float32)
+
+    if precision == "int8":
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        phase("quantizing", "int8 weight-only (torchao) on the frozen base linears")
+        quantize_(model, Int8WeightOnlyConfig(), filter_fn=frozen_linear_filter())
+    elif precision == "fp8":
+        from torchao.float8 import convert_to_float8_training
+
+        phase("quantizing", "float8 training linears (torchao) on the frozen base")
+        convert_to_float8_training(model, module_filter_fn=frozen_linear_filter())
+    elif precision == "mxfp8":
+        try:
+            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
+            from torchao.quantization import quantize_
+
+            phase("quantizing", "mxfp8 training linears (torchao) on the frozen base")
+            quantize_(model, MXFP8TrainingOpConfig(), filter_fn=frozen_linear_filter(32))
+        except Exception as e:  # noqa: BLE001 - reported, never silent
+            precision = "bf16"
+            warnings.append(("MXFP8_FELL_BACK", f"mxfp8 could not be applied ({type(e).__name__}: {e}); "
+                                                "training continues with a bf16 base"))
+
+    compiled = False
+    if compile_backend is not None:
+        phase("compiling", f"regional compile of the repeated blocks ({compile_backend}, dynamic shapes)")
+        model.compile_repeated_blocks(dynamic=True, backend=compile_backend)
+        compiled = True
+    return Denoiser(model, params, precision, compiled, warnings)

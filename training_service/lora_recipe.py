@@ -1,0 +1,370 @@
+"""LoRA training for every family, written as a recipe: setup() in dependency order, then an explicit loop.
+
+Setup is phased so peak memory is one component at a time: the text encoders encode every caption
+(and the sample prompts) and are freed; the VAE caches every latent and is freed; the denoiser
+loads last, at its base precision (denoiser_setup). What a step means per family lives in
+lora_objectives; which images form a batch lives in aspect_buckets.
+
+Every random draw comes from one generator whose state is checkpointed with the LoRA weights, the
+optimizer and the schedule, and the batch plan is a function of the seed and the step, so a
+resumed run continues bit-identically.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from diffusion_kit.families import FAMILIES, FamilySpec
+from training_service import aspect_buckets
+from training_service.denoiser_setup import DTYPES, load_denoiser
+from training_service.lora_objectives import Batch, objective_for
+
+SAMPLE_STEPS_CAP = 20
+SAMPLE_SEED = 1234
+
+
+@dataclass
+class RecipeConfig:
+    family: str
+    base_dir: str
+    examples: list[tuple[str, str]]  # (image path, caption)
+    rank: int = 16
+    alpha: float = 16.0
+    learning_rate: float = 1e-4
+    steps: int = 100
+    resolution: int = 512
+    seed: int = 0
+    warmup_steps: int = 0
+    device: str = "cpu"
+    precision: str = "fp32"  # how the frozen base is held (denoiser_setup.DTYPES); LoRA parameters are fp32
+    optimizer: str = "adamw"  # or adamw8bit (bitsandbytes)
+    lr_schedule: str = "constant_with_warmup"  # diffusers.optimization names
+    batch_size: int = 1
+    buckets: bool = False
+    compile: bool = False
+    compile_backend: str = "inductor"
+    gradient_checkpointing: bool = False
+    checkpoint_every: int = 0
+    sample_every: int = 0
+    sample_prompts: list[str] = field(default_factory=list)
+
+    def identity(self) -> dict:
+        """What a checkpoint must match to be resumed: everything that changes the trajectory."""
+        keys = ("family", "base_dir", "examples", "rank", "alpha", "learning_rate", "steps", "resolution", "seed",
+                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "buckets")
+        return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
+
+
+@dataclass
+class StepReport:
+    step: int
+    total: int
+    loss: float
+    avg_loss: float
+    lr: float
+    grad_norm: float
+    samples_per_s: float
+    peak_memory_bytes: int
+    elapsed_s: float
+    eta_s: float
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Example:
+    latent: torch.Tensor  # (C, h, w), fp32, CPU
+    caption: str
+    geometry: tuple[int, int, int, int, int, int]  # original h, w, crop top, left, target h, w
+    bucket: tuple[int, int]
+
+
+class LoraRecipe:
+    def __init__(self, cfg: RecipeConfig, emit: Callable[[str, dict], None] = lambda kind, data: None):
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("CUDA was asked for and is not available")
+        self.cfg = cfg
+        self.family: FamilySpec = FAMILIES[cfg.family]
+        self.emit = emit
+        self.dtype = DTYPES[cfg.precision]
+        self.objective = objective_for(cfg.family, cfg.base_dir, self.family.default_guidance)
+        self.generator = torch.Generator("cpu").manual_seed(cfg.seed)
+        self.state = RunState()
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+
+    # ---- setup: text encoders, then the VAE, then the denoiser, each freed before the next loads --------
+
+    def setup(self) -> None:
+        self.emit("phase", {"phase": "encoding_text"})
+        self.conds, self.negative = self._encode_text()
+        self.emit("phase", {"phase": "caching_latents"})
+        self.examples = self._cache_latents()
+        self.buckets_of = [ex.bucket for ex in self.examples]
+        self.emit("phase", {"phase": "loading_transformer"})
+        backend = self.cfg.compile_backend if self.cfg.compile else None
+        denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
+                                 rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
+                                 gradient_checkpointing=self.cfg.gradient_checkpointing, compile_backend=backend,
+                                 phase=lambda phase, message: self.emit("phase", {"phase": phase, "message": message}))
+        for reason, message in denoiser.warnings:
+            self.emit("warning", {"reason": reason, "message": message})
+        self.model, self.params = denoiser.model, denoiser.params
+        self.optimizer = self._optimizer()
+        from diffusers.optimization import get_scheduler
+
+        self.schedule = get_scheduler(self.cfg.lr_schedule, self.optimizer, num_warmup_steps=self.cfg.warmup_steps,
+                                      num_training_steps=self.cfg.steps)
+
+    def _optimizer(self):
+        if self.cfg.optimizer == "adamw8bit":
+            import bitsandbytes
+
+            return bitsandbytes.optim.AdamW8bit(self.params, lr=self.cfg.learning_rate)
+        return torch.optim.AdamW(self.params, lr=self.cfg.learning_rate)
+
+    def _pipeline(self, **components):
+        import diffusers
+
+        return getattr(diffusers, self.family.pipeline_class).from_pretrained(
+            self.cfg.base_dir, torch_dtype=self.dtype if self.cfg.device != "cpu" else torch.float32, **components)
+
+    def _encode_text(self) -> tuple[dict[str, dict], dict | None]:
+        """Each distinct caption once, the sample prompts, and the negative prompt where sampling uses CFG."""
+        pipe = self._pipeline(**{self.family.denoiser: None, "vae": None})
+        pipe.to(self.cfg.device)
+        wanted = {caption for _, caption in self.cfg.examples} | set(self.cfg.sample_prompts)
+        with torch.no_grad():
+            conds = {text: self._cpu(self.objective.encode_caption(pipe, text, self.cfg.device)) for text in sorted(wanted)}
+            negative = None
+            if self.cfg.sample_every and self._sample_guidance()[1]:
+                negative = self._cpu(self.objective.encode_caption(pipe, self.objective.negative_prompt,
+                                                                   self.cfg.device))
+        del pipe
+        self._free()
+        return conds, negative
+
+    @staticmethod
+    def _cpu(cond: dict) -> dict:
+        return {k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu() for k, v in cond.items()}
+
+    def _cache_latents(self) -> list[Example]:
+        import diffusers
+        import numpy as np
+        from PIL import Image
+
+        vae_dtype = torch.float32 if self.cfg.device == "cpu" or self.family.key == "sdxl" else self.dtype
+        vae = getattr(diffusers, self.objective.vae_class).from_pretrained(
+            self.cfg.base_dir, subfolder="vae", torch_dtype=vae_dtype).to(self.cfg.device)
+        sizes = aspect_buckets.bucket_sizes(self.cfg.resolution)
+        out = []
+        for path, caption in self.cfg.examples:
+            with Image.open(path) as opened:
+                image = opened.convert("RGB")
+            square = (self.cfg.resolution, self.cfg.resolution)
+            target = aspect_buckets.nearest_bucket(image.width, image.height, sizes) if self.cfg.buckets else square
+            resize, box = aspect_buckets.crop_box(image.width, image.height, target)
+            cropped = image.resize(resize, Image.Resampling.BICUBIC).crop(box)
+            pixels = torch.from_numpy(np.asarray(cropped, dtype=np.float32).copy()).permute(2, 0, 1)
+            pixels = (pixels / 127.5 - 1).unsqueeze(0).to(self.cfg.device, vae_dtype)
+            with torch.no_grad():
+                latent = self.objective.encode_image(vae, pixels)[0].float().cpu()
+            geometry = (image.height, image.width, box[1], box[0], target[1], target[0])
+            out.append(Example(latent, caption, geometry, target))
+        del vae
+        self._free()
+        return out
+
+    def _free(self) -> None:
+        import gc
+
+        gc.collect()
+        if self.cfg.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def _context(self):
+        """bf16/fp16 autocast over fp32 LoRA parameters, and attention pinned to flash / memory-efficient
+        SDPA on CUDA: the default choice crashed FLUX training with an illegal memory access on an H200."""
+        stack = contextlib.ExitStack()
+        if self.cfg.device.startswith("cuda"):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
+            if self.dtype != torch.float32:
+                stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
+        return stack
+
+    def _batch(self, step: int) -> Batch:
+        idx = aspect_buckets.batch_at(self.buckets_of, self.cfg.batch_size, self.cfg.seed, step)
+        chosen = [self.examples[i] for i in idx]
+        return Batch(torch.stack([ex.latent for ex in chosen]),
+                     self.objective.collate([self.conds[ex.caption] for ex in chosen]),
+                     [ex.geometry for ex in chosen])
+
+    def _to_device(self, value):
+        if isinstance(value, list):
+            return [self._to_device(v) for v in value]
+        if value.is_floating_point():
+            return value.to(self.cfg.device, self.dtype)
+        return value.to(self.cfg.device)
+
+    def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
+              sample_dir: Path | None = None) -> RunState:
+        device = self.cfg.device
+        started, first_step = time.perf_counter(), self.state.step
+        while self.state.step < self.cfg.steps and not should_stop():
+            t0 = time.perf_counter()
+            batch = self._batch(self.state.step)
+            x_t, t, target = self.objective.noisy(batch.x0, self.generator)
+            cond = {k: self._to_device(v) for k, v in batch.cond.items()}
+            with self._context():
+                pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
+                loss = torch.nn.functional.mse_loss(pred.float(), target.to(device).float())
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(self.optimizer)
+            else:
+                loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            lr = self.schedule.get_last_lr()[0]  # the rate this step used
+            self.schedule.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.step += 1
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at step {self.state.step}")
+            self.state.losses.append(value)
+            now = time.perf_counter()
+            window = self.state.losses[-20:]
+            peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+            per_step = (now - started) / (self.state.step - first_step)
+            self.emit("step", asdict(StepReport(
+                self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
+                float(grad_norm), len(batch.geometry) / max(1e-9, now - t0), peak, now - started,
+                per_step * (self.cfg.steps - self.state.step))))
+            if checkpoint_dir and self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
+                self.save_checkpoint(checkpoint_dir)
+            if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
+                self.render_samples(sample_dir)
+        return self.state
+
+    # ---- sample images -------------------------------------------------------------------------------
+
+    def _sample_guidance(self) -> tuple[str, bool]:
+        """The guidance keyword and whether the sample runs CFG (so needs a negative prompt)."""
+        f = self.family
+        return f.guidance_kwarg, f.guidance_is_cfg and f.default_guidance > 1
+
+    def render_samples(self, directory: Path) -> list[Path]:
+        """The sample prompts through the family's own pipeline with the adapter as trained so far."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        none = {name: None for name in self._text_components()}
+        pipe = self._pipeline(**{self.family.denoiser: self.model}, **none)
+        pipe.vae.to(self.cfg.device)
+        pipe.set_progress_bar_config(disable=True)
+        kwarg, cfg_on = self._sample_guidance()
+        was_training = self.model.training
+        self.model.eval()
+        paths = []
+        try:
+            for k, prompt in enumerate(self.cfg.sample_prompts):
+                cond = {key: self._to_device(v) for key, v in self.conds[prompt].items()}
+                negative = ({key: self._to_device(v) for key, v in self.negative.items()}
+                            if cfg_on and self.negative is not None else None)
+                kwargs = self.objective.sample_kwargs(cond, negative)
+                with torch.no_grad(), self._context():
+                    image = pipe(**kwargs, height=self.cfg.resolution, width=self.cfg.resolution,
+                                 num_inference_steps=min(self.family.default_steps, SAMPLE_STEPS_CAP),
+                                 **{kwarg: self.family.default_guidance},
+                                 generator=torch.Generator("cpu").manual_seed(SAMPLE_SEED)).images[0]
+                path = directory / f"step-{self.state.step:06d}-{k}.png"
+                image.save(path)
+                paths.append(path)
+                self.emit("sample", {"step": self.state.step, "prompt": prompt, "path": str(path)})
+        finally:
+            self.model.train(was_training)
+            pipe.vae.to("cpu")
+            del pipe
+            self._free()
+        return paths
+
+    def _text_components(self) -> list[str]:
+        index = json.loads((Path(self.cfg.base_dir) / "model_index.json").read_text())
+        return [name for name in index if name.startswith(("text_encoder", "tokenizer"))]
+
+    # ---- checkpoints: atomic, identity-checked -------------------------------------------------------
+
+    def lora_state(self) -> dict[str, torch.Tensor]:
+        from peft.utils import get_peft_model_state_dict
+
+        return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def save_checkpoint(self, directory: Path) -> Path:
+        """Written to a staging folder, then renamed over the previous checkpoint in one step."""
+        import os
+        import shutil
+
+        directory = Path(directory)
+        staging = directory.with_name(directory.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        torch.save({"lora": self.lora_state(), "optimizer": self.optimizer.state_dict(),
+                    "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
+                    "scaler": self.scaler.state_dict() if self.scaler else None,
+                    "step": self.state.step, "losses": self.state.losses}, staging / "state.pt")
+        (staging / "identity.json").write_text(json.dumps(self.cfg.identity(), sort_keys=True))
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            os.replace(directory, old)
+        os.replace(staging, directory)
+        shutil.rmtree(old, ignore_errors=True)
+        self.emit("checkpoint", {"step": self.state.step, "path": str(directory)})
+        return directory
+
+    def load_checkpoint(self, directory: Path) -> None:
+        from peft.utils import set_peft_model_state_dict
+
+        identity = json.loads((Path(directory) / "identity.json").read_text())
+        if identity != self.cfg.identity():
+            changed = sorted(k for k in identity if identity[k] != self.cfg.identity().get(k))
+            raise ValueError(f"checkpoint {directory} belongs to a different run (differs in {', '.join(changed)})")
+        saved = torch.load(Path(directory) / "state.pt", weights_only=False)
+        set_peft_model_state_dict(self.model, saved["lora"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.schedule.load_state_dict(saved["schedule"])
+        self.generator.set_state(saved["generator"])
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        self.state = RunState(saved["step"], saved["losses"])
+
+    def export_adapter(self, directory: Path) -> Path:
+        """The diffusers/peft layout, with the LoRA config in the safetensors metadata so alpha reloads right."""
+        import diffusers
+        from peft.utils import get_peft_model_state_dict
+
+        config = self.model.peft_config["default"].to_dict()
+        config["target_modules"] = sorted(config["target_modules"])
+        pipeline_cls = getattr(diffusers, self.family.pipeline_class)
+        layers = {k: v.detach().float().cpu() for k, v in get_peft_model_state_dict(self.model).items()}
+        pipeline_cls.save_lora_weights(
+            str(directory), **{f"{self.family.denoiser}_lora_layers": layers,
+                               f"{self.family.denoiser}_lora_adapter_metadata": config})
+        return Path(directory)

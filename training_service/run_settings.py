@@ -1,0 +1,118 @@
+"""Everything a StartTraining request leaves to the service, resolved once, before a job exists.
+
+A pure function of the request, the host's probes and the already-resolved base precision. It
+returns the recipe's settings and one Resolved record per control, so the first event of a job
+says exactly what will run; anything impossible is refused here, before the broker is asked.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import training_pb2 as pb
+from diffusion_kit.families import FamilySpec
+from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.resolved import Resolved, Source, Status
+from service_kit.errors import FailedPrecondition, InvalidArgument
+
+SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_WARMUP: "constant_with_warmup",
+             pb.LR_SCHEDULE_LINEAR: "linear", pb.LR_SCHEDULE_COSINE: "cosine"}
+OPTIMIZERS = {pb.OPTIMIZER_ADAMW: "adamw", pb.OPTIMIZER_ADAMW_8BIT: "adamw8bit"}
+# Base precisions whose frozen weights are plain or float8 tensors that regional compile handles; nf4
+# (bitsandbytes) and int8 (torchao weight-only) run eager, as the reference system measured fastest.
+COMPILABLE = {"PRECISION_BF16", "PRECISION_FP8", "PRECISION_MXFP8", "PRECISION_FP32", "PRECISION_FP16"}
+PRECISION_KEYS = {"PRECISION_FP32": "fp32", "PRECISION_FP16": "fp16", "PRECISION_BF16": "bf16",
+                  "PRECISION_NF4": "nf4", "PRECISION_INT8": "int8", "PRECISION_FP8": "fp8", "PRECISION_MXFP8": "mxfp8"}
+MAX_BATCH = 64
+MAX_SAMPLE_PROMPTS = 8
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    device: str
+    precision: str  # fp32 / fp16 / bf16 / nf4 / int8 / fp8 / mxfp8: how the frozen base is held
+    optimizer: str
+    lr_schedule: str
+    compile: bool
+    gradient_checkpointing: bool
+    batch_size: int
+    buckets: bool
+    sample_every: int
+    sample_prompts: tuple[str, ...]
+    resolved: tuple[Resolved, ...]
+
+
+def _name(enum, value: int) -> str:
+    return enum.Name(value) if value in enum.values() else str(value)
+
+
+def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec, precision: Resolved,
+                first_caption: str) -> RunSettings:
+    resolved = [precision]
+    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
+
+    if req.optimizer not in (pb.OPTIMIZER_UNSPECIFIED, *OPTIMIZERS):
+        raise InvalidArgument(f"optimizer takes ADAMW or ADAMW_8BIT, not {req.optimizer}", reason="BAD_OPTIMIZER")
+    optimizer = OPTIMIZERS.get(req.optimizer, "adamw")
+    if optimizer == "adamw8bit" and not (caps.bitsandbytes and device == "cuda"):
+        why = caps.bitsandbytes_reason or f"this host has {caps.device_name}"
+        raise FailedPrecondition(f"OPTIMIZER_ADAMW_8BIT needs bitsandbytes on a CUDA GPU ({why}); use OPTIMIZER_ADAMW",
+                                 reason="OPTIMIZER_UNAVAILABLE")
+    resolved.append(Resolved("optimizer", _name(pb.Optimizer, req.optimizer), optimizer,
+                             Source.EXPLICIT if req.optimizer else Source.DEFAULT))
+
+    if req.lr_schedule not in (pb.LR_SCHEDULE_UNSPECIFIED, *SCHEDULES):
+        raise InvalidArgument(f"lr_schedule takes CONSTANT, CONSTANT_WITH_WARMUP, LINEAR or COSINE, not "
+                              f"{req.lr_schedule}", reason="BAD_LR_SCHEDULE")
+    schedule = SCHEDULES.get(req.lr_schedule, "constant_with_warmup")
+    resolved.append(Resolved("lr_schedule", _name(pb.LrSchedule, req.lr_schedule),
+                             f"{schedule} ({req.warmup_steps} warmup steps)",
+                             Source.EXPLICIT if req.lr_schedule else Source.DEFAULT))
+
+    if req.speed_mode not in c.SpeedMode.values():
+        raise InvalidArgument(f"speed_mode {req.speed_mode} is not a SpeedMode", reason="BAD_SPEED_MODE")
+    wants_compile = req.speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
+    asked = _name(c.SpeedMode, req.speed_mode)
+    if not wants_compile:
+        resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT if req.speed_mode else Source.DEFAULT))
+        compile_ = False
+    elif precision.applied not in COMPILABLE:
+        resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT, Status.UNSUPPORTED,
+                                 f"{precision.applied} bases train eager (bitsandbytes / torchao weight-only "
+                                 "kernels); choose PRECISION_BF16 or PRECISION_FP8 to compile"))
+        compile_ = False
+    else:
+        compile_ = True
+        status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
+        if req.speed_mode == c.SPEED_MODE_MAX:
+            status, reason = Status.FELL_BACK, "training uses the default compile; autotuning is not applied"
+        resolved.append(Resolved("speed_mode", asked, "regional_compile", Source.EXPLICIT, status, reason))
+
+    resolved.append(Resolved("gradient_checkpointing", str(req.gradient_checkpointing).lower(),
+                             str(req.gradient_checkpointing).lower(),
+                             Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
+    resolved.append(Resolved("attention", "", "flash / memory-efficient SDPA (pinned)" if device == "cuda"
+                             else "SDPA (PyTorch's choice on CPU)", Source.AUTO,
+                             reason="cuDNN SDPA crashed on FLUX training shapes on an H200" if device == "cuda" else ""))
+
+    if req.batch_size > MAX_BATCH:
+        raise InvalidArgument(f"batch_size is at most {MAX_BATCH}, got {req.batch_size}", reason="BAD_VALUE")
+    buckets = req.dataset.aspect_ratio_buckets
+    resolved.append(Resolved("aspect_ratio_buckets", str(buckets).lower(), str(buckets).lower(),
+                             Source.EXPLICIT if buckets else Source.DEFAULT))
+
+    if req.sample_every < 0:
+        raise InvalidArgument(f"sample_every must be >= 0, got {req.sample_every}", reason="BAD_VALUE")
+    if len(req.sample_prompts) > MAX_SAMPLE_PROMPTS:
+        raise InvalidArgument(f"at most {MAX_SAMPLE_PROMPTS} sample_prompts, got {len(req.sample_prompts)}",
+                              reason="BAD_VALUE")
+    prompts = tuple(p for p in req.sample_prompts if p.strip()) or ((first_caption,) if req.sample_every else ())
+    if req.sample_every:
+        resolved.append(Resolved("sample_prompts", str(len(req.sample_prompts)), f"{len(prompts)} every "
+                                 f"{req.sample_every} steps", Source.EXPLICIT if req.sample_prompts else Source.DEFAULT,
+                                 reason="" if req.sample_prompts else "no sample_prompts: the first caption"))
+
+    return RunSettings(device=device, precision=PRECISION_KEYS[precision.applied], optimizer=optimizer,
+                       lr_schedule=schedule, compile=compile_, gradient_checkpointing=req.gradient_checkpointing,
+                       batch_size=req.batch_size or 1, buckets=buckets, sample_every=req.sample_every,
+                       sample_prompts=prompts, resolved=tuple(resolved))
