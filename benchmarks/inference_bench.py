@@ -29,6 +29,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
+from benchmarks.bench_record import Recorder, host_description
 from service_kit.service_process import ROOT, start_service
 
 MODES: dict[str, dict] = {
@@ -53,32 +54,6 @@ GEN = {"zimage": dict(width=1024, height=1024, steps=9, guidance_scale=0.0),
        "flux1": dict(width=1024, height=1024, steps=28, guidance_scale=3.5)}
 TINY_GEN = dict(width=64, height=64, steps=2)
 FEW_STEPS = {"sequential-off": 2}  # sequential streams every weight per step: a few steps show its rate
-
-
-class Recorder:
-    def __init__(self, out: Path | None, family: str, command: str, host: str):
-        self.out, self.family, self.command, self.host = out, family, command, host
-        self.date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-    def __call__(self, mode: str, metric: str, value: float, unit: str, **extra) -> None:
-        row = {"bench": "inference", "model": self.family, "mode": mode, "metric": metric,
-               "value": round(value, 4) if isinstance(value, float) else value, "unit": unit, "host": self.host,
-               "command": self.command, "date": self.date, **extra}
-        print(json.dumps(row), flush=True)
-        if self.out:
-            with self.out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-
-def host_description() -> str:
-    try:
-        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        gpu = "no GPU"
-    import torch
-
-    return f"{gpu}; torch {torch.__version__}"
 
 
 def image_array(data: bytes):
@@ -182,7 +157,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", f"{build}; s({args.family!r}, {str(model_dir)!r})"], cwd=ROOT, check=True)
     print(f"model ready in {time.perf_counter() - t:.1f}s", flush=True)
     command = "python -m benchmarks.inference_bench " + " ".join(sys.argv[1:])
-    record = Recorder(args.out, args.family, command, host_description())
+    record = Recorder("inference", args.out, args.family, command, host_description())
     gen_fields = TINY_GEN if args.tiny else GEN[args.family]
     cache = args.workdir / "inductor-cache"
     broker, inference = start_stack(args.workdir, cache, args.tiny)

@@ -142,6 +142,7 @@ class JobManager:
             await self._append(record, msg["kind"], msg["data"])
         code = await proc.wait()
         stderr = (await stderr_task).decode(errors="replace")[-STDERR_TAIL:]
+        (self.store.dir(record.job_id) / "trainer.stderr").write_text(stderr)  # kept for the operator
         self._procs.pop(record.job_id, None)
         if finished is None:
             why = f"the trainer process ended with exit code {code} before finishing"

@@ -223,6 +223,8 @@ class LoraRecipe:
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
               sample_dir: Path | None = None) -> RunState:
         device = self.cfg.device
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         started, first_step = time.perf_counter(), self.state.step
         while self.state.step < self.cfg.steps and not should_stop():
             t0 = time.perf_counter()

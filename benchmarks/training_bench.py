@@ -1,0 +1,168 @@
+"""LoRA training at every base precision through the gRPC service, measured. Run on a GPU host.
+
+    python -m benchmarks.training_bench --family zimage --workdir /tmp/tbench --out docs/bench/training.jsonl
+
+Builds a full-size random-weight pipeline (real architecture config; --tiny for the tiny one) and a
+small dataset of generated images, starts a broker (real NVML inventory) and the training service
+under it, and trains one job per mode through StartTraining / WatchTraining. Records per mode:
+whether it ran (or the service's reason), setup time (start to first step), first-step time
+(compile warm-up for the compiled modes: cold on the first compiled run, warm on a repeat that
+shares the compile cache), steady-state steps/s from the step events, peak memory and the last
+loss. One JSON object per figure, appended as soon as it is measured.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import grpc
+
+from benchmarks.bench_record import Recorder, host_description
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+
+FAMILY = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1}
+RESOLUTION = {"zimage": 768, "flux1": 512}
+MODES: dict[str, dict] = {
+    "fp32": dict(base_precision=c.PRECISION_FP32),  # the CPU mode: a check of the bench itself
+    "nf4": dict(base_precision=c.PRECISION_NF4),
+    "bf16": dict(base_precision=c.PRECISION_BF16),
+    "int8": dict(base_precision=c.PRECISION_INT8),
+    "fp8": dict(base_precision=c.PRECISION_FP8),
+    "mxfp8": dict(base_precision=c.PRECISION_MXFP8),
+    "auto": dict(base_precision=c.PRECISION_AUTO),
+    "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "bf16-compile-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),
+    "nf4-adamw8bit": dict(base_precision=c.PRECISION_NF4, optimizer=pb.OPTIMIZER_ADAMW_8BIT),
+}
+CAPTION = ("a weathered lighthouse on a basalt cliff at dusk, waves breaking below, warm light in the lantern room, "
+           "oil painting with thick brush strokes")
+
+
+def make_dataset(directory: Path, resolution: int, n: int = 4) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        pixels = rng.integers(0, 256, (resolution, resolution, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(directory / f"{i}.png")
+        (directory / f"{i}.txt").write_text(CAPTION)
+    return directory
+
+
+def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, timeout_s, jobs_dir):
+    req = pb.StartTrainingRequest(family=FAMILY[family], base=inference_pb2.ModelSource(local_dir=str(base_dir)),
+                                  dataset=pb.Dataset(image_dir=str(data_dir)), rank=16, steps=steps,
+                                  resolution=resolution, seed=0, adapter_id=f"bench-{family}-{mode}", **MODES[mode])
+    t0 = time.perf_counter()
+    try:
+        job_id = stub.StartTraining(req, timeout=60).job_id
+    except grpc.RpcError as e:
+        record(mode, "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
+        return
+    first_step_at, steps_seen, resolved, warnings, finished = None, [], {}, [], None
+    try:
+        for event in stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=timeout_s):
+            kind = event.WhichOneof("event")
+            if kind == "resolved":
+                resolved = {r.control: r.applied for r in event.resolved.resolved}
+            elif kind == "warning":
+                warnings.append(f"{event.warning.reason}: {event.warning.message}")
+            elif kind == "step":
+                if first_step_at is None:
+                    first_step_at = time.perf_counter()
+                steps_seen.append(event.step)
+            elif kind == "finished":
+                finished = event.finished
+    except grpc.RpcError as e:
+        stub.StopTraining(pb.StopTrainingRequest(job_id=job_id, mode=pb.STOP_MODE_DISCARD), timeout=30)
+        record(mode, "ran", 0, "bool", detail=f"watch {e.code().name} after {len(steps_seen)} steps, "
+               f"{time.perf_counter() - t0:.0f} s after start: {e.details()}",
+               applied=resolved)
+        return
+    ok = finished is not None and finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+    stderr = jobs_dir / job_id / "trainer.stderr"
+    record(mode, "ran", int(ok), "bool", applied=resolved, warnings=warnings, steps=len(steps_seen),
+           size=f"{resolution}px", detail=finished.message if finished else "no finished event",
+           **({} if ok or not stderr.is_file() else {"stderr_tail": stderr.read_text()[-1500:]}))
+    if not steps_seen:
+        return
+    first = steps_seen[0]
+    record(mode, "setup_s", first_step_at - t0 - first.elapsed.ToNanoseconds() / 1e9, "s")
+    record(mode, "first_step_s", first.elapsed.ToNanoseconds() / 1e9, "s")
+    skip = min(5, len(steps_seen) - 2)
+    if skip >= 1:
+        a, b = steps_seen[skip], steps_seen[-1]
+        per_step = (b.elapsed.ToNanoseconds() - a.elapsed.ToNanoseconds()) / 1e9 / (b.step - a.step)
+        record(mode, "steps_per_s", 1 / per_step, "steps/s", batch=1)
+    record(mode, "peak_memory_gib", max(s.peak_memory_bytes for s in steps_seen) / 2**30, "GiB")
+    record(mode, "last_loss", steps_seen[-1].loss, "", finite=all(s.loss == s.loss for s in steps_seen),
+           median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=list(FAMILY), required=True)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/training-bench"))
+    p.add_argument("--out", type=Path)
+    p.add_argument("--modes", default="nf4,bf16,int8,fp8")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--resolution", type=int)
+    p.add_argument("--job-timeout", type=float, default=900)
+    p.add_argument("--deadline-s", type=float, default=1e9,
+                   help="stop starting modes after this many seconds (a device run has a hard limit)")
+    p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
+    p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
+    args = p.parse_args()
+    import sys
+
+    command = "python -m benchmarks.training_bench " + " ".join(sys.argv[1:])
+    record = Recorder("training", args.out, args.family, command, host_description())
+    resolution = args.resolution or (64 if args.tiny else RESOLUTION[args.family])
+    base_dir = args.workdir / (("tiny-" if args.tiny else "full-") + args.family)
+    t0 = time.perf_counter()
+    if args.tiny:
+        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+
+        if not (base_dir / "model_index.json").exists():
+            save_tiny_pipeline(args.family, base_dir)
+    else:
+        from benchmarks.full_size_pipelines import save_full_size
+
+        save_full_size(args.family, base_dir)
+    print(f"pipeline ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    data_dir = make_dataset(args.workdir / f"data-{resolution}", resolution)
+    broker = None if args.no_broker else start_service("gpu_broker", timeout=120)
+    service = start_service("training_service", *(() if broker is None else ("--broker", broker.address)), "--output-dir",
+                            str(args.workdir / "out"), "--adapter-store", str(args.workdir / "adapters"),
+                            "--compile-cache-dir", str(args.workdir / "compile-cache"), timeout=300)
+    channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        for mode in args.modes.split(","):
+            left = args.deadline_s - (time.perf_counter() - t0)
+            if left < 60:
+                record(mode, "ran", 0, "bool", detail=f"not run: the bench's {args.deadline_s:.0f} s deadline was reached")
+                continue
+            print(f"--- {mode}", flush=True)
+            run_mode(stub, record, mode, args.family, base_dir, data_dir, args.steps, resolution,
+                     min(args.job_timeout, left), args.workdir / "out" / "jobs")
+    finally:
+        channel.close()
+        service.stop()
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()
