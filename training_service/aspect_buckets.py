@@ -23,7 +23,7 @@ def bucket_sizes(resolution: int) -> list[tuple[int, int]]:
     for width in range(grid, int(resolution * math.sqrt(MAX_RATIO)) + grid, grid):
         height = max(grid, round(area / width / grid) * grid)
         if 1 / MAX_RATIO <= width / height <= MAX_RATIO:
-            out.add((width, height))
+            out.update({(width, height), (height, width)})  # every landscape bucket has its portrait twin
     return sorted(out, key=lambda wh: wh[1] / wh[0])
 
 

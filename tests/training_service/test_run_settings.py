@@ -1,0 +1,87 @@
+"""Table tests of what a StartTraining request resolves to, per host (HostCaps built by hand)."""
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import training_pb2 as pb
+from diffusion_kit.families import FAMILIES
+from diffusion_kit.resolved import Resolved, Source, Status
+from service_kit.errors import FailedPrecondition, InvalidArgument
+from tests.training_service.test_precision_policy import CPU, H200, H200_NO_BNB
+from training_service.run_settings import resolve_run
+
+Z, SDXL = FAMILIES["zimage"], FAMILIES["sdxl"]
+
+
+def precision(applied):
+    return Resolved("base_precision", applied, applied, Source.EXPLICIT)
+
+
+def run(caps=H200, family=Z, applied="PRECISION_BF16", **fields):
+    return resolve_run(pb.StartTrainingRequest(**fields), caps, family, precision(applied), "first caption")
+
+
+def by_control(settings):
+    return {r.control: r for r in settings.resolved}
+
+
+@pytest.mark.parametrize("caps, applied, fields, device, compiled, speed_status", [
+    (H200, "PRECISION_BF16", {}, "cuda", False, Status.APPLIED),
+    (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
+    (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_MAX}, "cuda", True, Status.FELL_BACK),
+    (H200, "PRECISION_FP8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
+    (H200, "PRECISION_NF4", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", False, Status.UNSUPPORTED),
+    (H200, "PRECISION_INT8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", False, Status.UNSUPPORTED),
+    (CPU, "PRECISION_FP32", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cpu", True, Status.APPLIED),
+])
+def test_compile_follows_the_base_precision(caps, applied, fields, device, compiled, speed_status):
+    settings = run(caps, Z, applied, **fields)
+    assert (settings.device, settings.compile) == (device, compiled)
+    assert by_control(settings)["speed_mode"].status == speed_status
+
+
+def test_fp8_eager_says_it_is_slow():
+    assert "SPEED_MODE_DEFAULT" in by_control(run(applied="PRECISION_FP8"))["speed_mode"].reason
+
+
+@pytest.mark.parametrize("fields, optimizer, schedule", [
+    ({}, "adamw", "constant_with_warmup"),
+    ({"optimizer": pb.OPTIMIZER_ADAMW_8BIT, "lr_schedule": pb.LR_SCHEDULE_COSINE}, "adamw8bit", "cosine"),
+    ({"lr_schedule": pb.LR_SCHEDULE_LINEAR, "warmup_steps": 10}, "adamw", "linear"),
+    ({"lr_schedule": pb.LR_SCHEDULE_CONSTANT}, "adamw", "constant"),
+])
+def test_optimizer_and_schedule(fields, optimizer, schedule):
+    settings = run(**fields)
+    assert (settings.optimizer, settings.lr_schedule) == (optimizer, schedule)
+    assert by_control(settings)["lr_schedule"].applied.startswith(schedule)
+
+
+@pytest.mark.parametrize("caps, fields, error, reason", [
+    (CPU, {"optimizer": pb.OPTIMIZER_ADAMW_8BIT}, FailedPrecondition, "OPTIMIZER_UNAVAILABLE"),
+    (H200_NO_BNB, {"optimizer": pb.OPTIMIZER_ADAMW_8BIT}, FailedPrecondition, "OPTIMIZER_UNAVAILABLE"),
+    (H200, {"optimizer": 9}, InvalidArgument, "BAD_OPTIMIZER"),
+    (H200, {"lr_schedule": 9}, InvalidArgument, "BAD_LR_SCHEDULE"),
+    (H200, {"speed_mode": 9}, InvalidArgument, "BAD_SPEED_MODE"),
+    (H200, {"batch_size": 65}, InvalidArgument, "BAD_VALUE"),
+    (H200, {"sample_every": -2}, InvalidArgument, "BAD_VALUE"),
+    (H200, {"sample_every": 5, "sample_prompts": ["p"] * 9}, InvalidArgument, "BAD_VALUE"),
+])
+def test_refusals(caps, fields, error, reason):
+    with pytest.raises(error) as e:
+        run(caps, **fields)
+    assert e.value.reason == reason
+
+
+@pytest.mark.parametrize("fields, every, prompts", [
+    ({}, 0, ()),
+    ({"sample_every": 50}, 50, ("first caption",)),
+    ({"sample_every": 50, "sample_prompts": ["a", " ", "b"]}, 50, ("a", "b")),
+])
+def test_sample_prompts(fields, every, prompts):
+    settings = run(**fields)
+    assert (settings.sample_every, settings.sample_prompts) == (every, prompts)
+
+
+def test_sdxl_keeps_its_native_dtype_and_batches_default_to_one():
+    settings = run(H200, SDXL, "PRECISION_BF16", dataset=pb.Dataset(aspect_ratio_buckets=True))
+    assert (settings.precision, settings.batch_size, settings.buckets) == ("bf16", 1, True)
+    assert by_control(settings)["attention"].applied.startswith("flash")
