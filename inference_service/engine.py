@@ -144,8 +144,14 @@ class InferenceEngine:
         yield LoadEvent("validating", "checking the request, the files and the host")
         check_request(req)
         if req.source.WhichOneof("source") == "hub_repo":
-            yield LoadEvent("downloading", f"scoped download of {req.source.hub_repo.repo_id}", time.perf_counter() - t0)
-        source = await asyncio.to_thread(resolve_source, req.source, req.family)
+            source = None
+            async for event in self._download(req, t0):
+                if isinstance(event, LoadEvent):
+                    yield event
+                else:
+                    source = event
+        else:
+            source = await asyncio.to_thread(resolve_source, req.source, req.family)
         plan = plan_load(req, source, self._caps_now(), self.settings)
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0))
@@ -161,6 +167,31 @@ class InferenceEngine:
                 if self._load_abort is not None:
                     self._load_abort.set()
                 await asyncio.shield(asyncio.wait([task]))
+
+    async def _download(self, req: pb.LoadRequest, t0: float):
+        """Resolves a hub source in a thread, yielding DOWNLOADING events with bytes as they land, then the source."""
+        loop = asyncio.get_running_loop()
+        progress: asyncio.Queue = asyncio.Queue()
+        what = f"scoped download of {req.source.hub_repo.repo_id}"
+
+        def on_progress(done: int, total: int) -> None:
+            loop.call_soon_threadsafe(progress.put_nowait, (done, total))
+
+        yield LoadEvent("downloading", what, time.perf_counter() - t0)
+        work = loop.run_in_executor(None, lambda: resolve_source(req.source, req.family, on_progress=on_progress))
+        while True:
+            getter = loop.create_task(progress.get())
+            await asyncio.wait([work, getter], return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                done, total = getter.result()
+                yield LoadEvent("downloading", what, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
+                continue
+            getter.cancel()
+            while not progress.empty():
+                done, total = progress.get_nowait()
+                yield LoadEvent("downloading", what, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
+            yield await work
+            return
 
     def _caps_now(self) -> HostCaps:
         """Free memory measured now, counting what the resident model will give back when replaced."""

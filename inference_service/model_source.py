@@ -15,6 +15,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec, check_pipeline_dir, family_from_proto
 from diffusion_kit.weights_on_disk import component_params, safetensors_params
+from inference_service.download_progress import GrowthWatcher
 from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -119,13 +120,18 @@ def fetch_hub_repo(repo_id: str, revision: str | None, *, download: Callable | N
     try:
         index_path = Path(hf_hub_download(repo_id, "model_index.json", revision=revision, local_files_only=offline))
         patterns = hub_allow_patterns(json.loads(index_path.read_text()))
-        if not offline:
+        if offline:
+            root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
+        else:
             from huggingface_hub import HfApi, constants
+            from huggingface_hub.file_download import repo_folder_name
 
             info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
             need = download_bytes([(f.rfilename, f.size or 0) for f in info.siblings], patterns)
             check_disk(Path(constants.HF_HUB_CACHE), int(need * 1.05))
-        root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=offline))
+            folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+            with GrowthWatcher(folder, need, on_progress or (lambda done, total: None)):
+                root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns))
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
                        reason="REPO_NOT_FOUND") from e
