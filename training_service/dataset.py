@@ -83,10 +83,13 @@ def _caption(path: Path, metadata: dict[str, str]) -> str:
 
 
 def fingerprint(examples: list[Example]) -> str:
-    """Identity of a dataset for checkpoint checks: names, sizes, captions."""
+    """Identity of a dataset for checkpoint checks: names, sizes, modification times, captions.
+
+    A replaced image (same name, new pixels) changes it, so a resume cannot silently train on other data."""
     import hashlib
 
     h = hashlib.sha256()
     for ex in examples:
-        h.update(f"{ex.image.name}\0{ex.image.stat().st_size}\0{ex.caption}\n".encode())
+        st = ex.image.stat()
+        h.update(f"{ex.image.name}\0{st.st_size}\0{st.st_mtime_ns}\0{ex.caption}\n".encode())
     return h.hexdigest()[:16]

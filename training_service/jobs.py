@@ -17,6 +17,7 @@ from training_service.lora_recipe import RecipeConfig
 from training_service.precision_policy import training_bytes
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
+from training_service import dataset
 from training_service.start_preflight import Preflighted
 
 log = logging.getLogger("training_service.jobs")
@@ -55,7 +56,8 @@ class JobManager:
                   "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size, "buckets": settings.buckets,
                   "compile": settings.compile, "compile_backend": self.compile_backend,
                   "gradient_checkpointing": settings.gradient_checkpointing, "sample_every": settings.sample_every,
-                  "sample_prompts": list(settings.sample_prompts)}
+                  "sample_prompts": list(settings.sample_prompts),
+                  "dataset_fingerprint": dataset.fingerprint(checked.examples)}
         run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
                "trigger_words": list(req.trigger_words)}
         if req.resume_job_id:

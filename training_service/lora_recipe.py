@@ -54,11 +54,12 @@ class RecipeConfig:
     checkpoint_every: int = 0
     sample_every: int = 0
     sample_prompts: list[str] = field(default_factory=list)
+    dataset_fingerprint: str = ""  # dataset.fingerprint: names, sizes, mtimes, captions
 
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed: everything that changes the trajectory."""
         keys = ("family", "base_dir", "examples", "rank", "alpha", "learning_rate", "steps", "resolution", "seed",
-                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "buckets")
+                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "buckets", "dataset_fingerprint")
         return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
 
 

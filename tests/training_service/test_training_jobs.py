@@ -158,6 +158,18 @@ def test_stopped_job_resumes_bit_identically(service, tiny_models, dirs):
     with pytest.raises(grpc.RpcError) as e:
         service.StartTraining(request(tiny_models, dirs, steps=6, rank=8, resume_job_id=first_id))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "rank" in e.value.details()
+    # So is one whose images changed since the checkpoint (same names, new contents).
+    import os
+
+    image = sorted(dirs["data"].glob("*.png"))[0]
+    before = image.stat()
+    os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            service.StartTraining(request(tiny_models, dirs, steps=6, resume_job_id=first_id))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "dataset_fingerprint" in e.value.details()
+    finally:
+        os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def test_list_and_delete_adapters(service, tiny_models, dirs):
