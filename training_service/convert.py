@@ -20,6 +20,7 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         msg.resolved.resolved.extend(json_format.ParseDict(r, common_pb2.ResolvedSetting()) for r in data["resolved"])
     elif kind == "phase":
         msg.phase.phase = PHASES.get(data["phase"], pb.TRAINING_PHASE_UNSPECIFIED)
+        msg.phase.message = data.get("message", "")
     elif kind == "step":
         step = msg.step
         step.step, step.total_steps, step.loss, step.avg_loss = data["step"], data["total"], data["loss"], data["avg_loss"]

@@ -26,7 +26,7 @@ def dirs(tmp_path_factory):
 
 def start_training_service(dirs):
     proc = start_service("training_service", "--output-dir", str(dirs["out"]), "--adapter-store",
-                         str(dirs["adapters"]), timeout=180)
+                         str(dirs["adapters"]), "--compile-backend", "aot_eager", timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     return proc, channel, training_pb2_grpc.TrainingServiceStub(channel)
 
@@ -195,6 +195,17 @@ def test_list_and_delete_adapters(service, tiny_models, dirs):
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_speed_mode_default_compiles_and_says_how(service, tiny_models, dirs):
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=2, speed_mode=c.SPEED_MODE_DEFAULT)).job_id
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
+    speed = next(r for r in events[0].resolved.resolved if r.control == "speed_mode")
+    assert speed.applied == "regional_compile"
+    compiling = [e.phase.message for e in events
+                 if e.WhichOneof("event") == "phase" and e.phase.phase == pb.TRAINING_PHASE_COMPILING]
+    assert len(compiling) == 1 and "aot_eager" in compiling[0]
+
+
 FAMILY_PROTOS = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1, "qwen_image": c.FAMILY_QWEN_IMAGE,
                  "sdxl": c.FAMILY_SDXL}
 
@@ -216,6 +227,10 @@ def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_mode
     resolved = {r.control: r.applied for r in events[0].resolved.resolved}
     assert resolved["lr_schedule"].startswith("cosine") and resolved["gradient_checkpointing"] == "true"
     assert resolved["aspect_ratio_buckets"] == "true" and resolved["optimizer"] == "adamw"
+    phases = [(e.phase.phase, e.phase.message) for e in events if e.WhichOneof("event") == "phase"]
+    assert [p for p, _ in phases] == [pb.TRAINING_PHASE_ENCODING_TEXT, pb.TRAINING_PHASE_CACHING_LATENTS,
+                                      pb.TRAINING_PHASE_LOADING_TRANSFORMER, pb.TRAINING_PHASE_TRAINING,
+                                      pb.TRAINING_PHASE_SAVING, pb.TRAINING_PHASE_PUBLISHING]
     steps = [e.step for e in events if e.WhichOneof("event") == "step"]
     assert [s.step for s in steps] == [1, 2, 3, 4] and all(s.samples_per_second > 0 for s in steps)
     assert steps[0].eta.ToNanoseconds() > 0 and steps[-1].elapsed.ToNanoseconds() > 0
