@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
+    p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running jobs have to reach a step boundary and checkpoint")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -46,7 +48,7 @@ async def _main(args: argparse.Namespace) -> None:
 
         broker = BrokerClient(args.broker)
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
-                                           args.client_id, args.compile_backend)
+                                           args.client_id, args.compile_backend, args.drain_timeout)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

@@ -38,10 +38,20 @@ class JobStore:
         self.jobs: dict[str, JobRecord] = {}
         for path in sorted(self.root.glob("*/job.json")):
             record = JobRecord(**json.loads(path.read_text()))
-            if record.state not in TERMINAL:  # its child died with the previous service process
-                record.state, record.error = "FAILED", "the training service restarted while this job ran"
-                self._write(record)
             self.jobs[record.job_id] = record
+            if record.state not in TERMINAL:  # its child died with the previous service process
+                self._fail_interrupted(record)
+
+    def _fail_interrupted(self, record: JobRecord) -> None:
+        """A job the previous process never finished: FAILED, with a final event, and where it can resume from."""
+        saved = [e["data"]["step"] for e in self.events(record.job_id) if e["kind"] == "checkpoint"]
+        message = "the training service stopped without draining while this job ran"
+        if saved and (self.dir(record.job_id) / "checkpoint" / "identity.json").is_file():
+            message += f"; its checkpoint at step {saved[-1]} resumes with resume_job_id={record.job_id}"
+        self.append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
+                                         "message": message})
+        record.state, record.error, record.updated = "FAILED", message, time.time()
+        self._write(record)
 
     def dir(self, job_id: str) -> Path:
         return self.root / job_id

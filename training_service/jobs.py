@@ -10,7 +10,7 @@ from pathlib import Path
 
 from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
-from service_kit.errors import FailedPrecondition
+from service_kit.errors import FailedPrecondition, Unavailable
 from service_kit.service_process import ROOT
 from diffusion_kit.weights_on_disk import component_params
 from training_service.lora_recipe import RecipeConfig
@@ -40,8 +40,12 @@ class JobManager:
         self.client_id = client_id
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._changed = asyncio.Condition()
+        self._draining = False
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
+        if self._draining:
+            raise Unavailable("the training service is stopping; start the job on its next run",
+                              reason="SERVICE_STOPPING")
         job_id = "job-" + uuid.uuid4().hex[:12]
         total_steps = req.steps or DEFAULT_STEPS
         settings = checked.run
@@ -108,6 +112,35 @@ class JobManager:
         finally:
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
+
+    async def drain(self, timeout_s: float) -> None:
+        """The service is stopping: every running job checkpoints at its next step and ends SUSPENDED.
+
+        A job that cannot reach a step boundary in time (still loading, or compiling) is killed and
+        fails with a message that says so; its last periodic checkpoint, if any, still resumes."""
+        self._draining = True
+        running = [(self.store.get(job_id), proc) for job_id, proc in self._procs.items() if proc.returncode is None]
+        for record, proc in running:
+            await self._append(record, "warning", {"reason": "SERVICE_STOPPING",
+                                                   "message": "the training service is stopping: saving a "
+                                                              "checkpoint; resume with resume_job_id"})
+            try:
+                proc.stdin.write(b"stop suspend\n")
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        waits = [asyncio.ensure_future(proc.wait()) for _, proc in running]
+        if waits:
+            _, late = await asyncio.wait(waits, timeout=timeout_s)
+            for (record, proc), waiter in zip(running, waits):
+                if waiter in late:
+                    proc.kill()
+                    await proc.wait()
+        # Let each follower record the child's end (its `finished` event, or the failure) before the loop stops.
+        for _ in range(100):
+            if all(record.state in TERMINAL for record, _ in running):
+                break
+            await asyncio.sleep(0.05)
 
     async def _suspend(self, record: JobRecord, event) -> None:
         """Preempted: the child checkpoints at its next step and exits; then the client library releases."""

@@ -8,7 +8,8 @@ SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_
 
 
 async def create_training_server(listen: str, caps, output_root, adapter_store_root, broker=None,
-                                 client_id: str = "training-0", compile_backend: str = "inductor") -> RunningServer:
+                                 client_id: str = "training-0", compile_backend: str = "inductor",
+                                 drain_timeout_s: float = 120.0) -> RunningServer:
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.servicer import TrainingServicer
@@ -19,4 +20,6 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
         training_pb2_grpc.add_TrainingServiceServicer_to_server(TrainingServicer(caps, output_root, jobs), server)
         return [SERVICE_NAME]
 
-    return await create_server(listen, register)
+    running = await create_server(listen, register)
+    running.on_drain.append(lambda: jobs.drain(drain_timeout_s))
+    return running

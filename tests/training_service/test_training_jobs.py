@@ -271,3 +271,68 @@ def test_trained_adapter_loads_in_the_inference_service(service, inference, tiny
     base = image()
     assert image(1.0) != base
     assert image(0.0) == base
+
+
+def _service_on(out, dirs):
+    return start_training_service({**dirs, "out": out})
+
+
+def _watch_until(stub, job_id, predicate, timeout=120):
+    for event in stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=timeout):
+        if predicate(event):
+            return event
+    raise AssertionError("the stream ended first")
+
+
+def test_sigterm_suspends_running_jobs_with_a_checkpoint_and_they_resume(tiny_models, dirs, tmp_path):
+    import signal
+
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=400)).job_id
+        _watch_until(stub, job_id, lambda e: e.WhichOneof("event") == "step")
+    finally:
+        channel.close()
+        assert proc.stop(signal.SIGTERM, timeout=60) == 0  # drained: the job checkpointed first
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    try:
+        events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
+        assert "SERVICE_STOPPING" in [e.warning.reason for e in events if e.WhichOneof("event") == "warning"]
+        finished = events[-1].finished
+        assert finished.state == pb.TRAINING_JOB_STATE_SUSPENDED and 1 <= finished.steps_completed < 400
+        resumed = stub.StartTraining(request(tiny_models, dirs, steps=400, resume_job_id=job_id)).job_id
+        first = _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "step")
+        assert first.step.step == finished.steps_completed + 1
+        stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
+        _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+    finally:
+        channel.close()
+        proc.stop()
+
+
+def test_a_crashed_service_leaves_a_final_event_and_the_last_checkpoint_resumes(tiny_models, dirs, tmp_path):
+    import signal
+
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=400, checkpoint_every=2)).job_id
+        saved = _watch_until(stub, job_id, lambda e: e.WhichOneof("event") == "checkpoint")
+    finally:
+        channel.close()
+        proc.stop(signal.SIGKILL)
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    try:
+        job = stub.GetTrainingJob(pb.GetTrainingJobRequest(job_id=job_id)).job
+        assert job.state == pb.TRAINING_JOB_STATE_FAILED
+        events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
+        assert events[-1].finished.state == pb.TRAINING_JOB_STATE_FAILED
+        assert f"resume_job_id={job_id}" in events[-1].finished.message
+        assert saved.checkpoint.step >= 2
+        resumed = stub.StartTraining(request(tiny_models, dirs, steps=400, resume_job_id=job_id)).job_id
+        first = _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "step")
+        assert first.step.step > saved.checkpoint.step  # from the newest checkpoint on disk, not from zero
+        stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
+        _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+    finally:
+        channel.close()
+        proc.stop()
