@@ -27,7 +27,10 @@ def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, t
     timeline = broker.timeline()
     holder = broker.granted("inference-0", priority=0)
     for bad in (request(tiny_models, dirs, dataset=pb.Dataset(image_dir=str(tmp_path / "none"))),
-                request(tiny_models, dirs, base_precision=5), request(tiny_models, dirs, rank=-1)):
+                request(tiny_models, dirs, base_precision=5), request(tiny_models, dirs, rank=-1),
+                request(tiny_models, dirs, optimizer=pb.OPTIMIZER_ADAMW_8BIT),  # no bitsandbytes GPU here
+                request(tiny_models, dirs, batch_size=1000), request(tiny_models, dirs, lr_schedule=42),
+                request(tiny_models, dirs, resume_job_id="job-never-was")):
         with pytest.raises(grpc.RpcError):
             service.StartTraining(bad)
     assert holder.kinds_so_far(0.3) == [] and timeline.kinds() == ["SNAPSHOT", "GRANTED"]
