@@ -13,9 +13,7 @@ service's reason. One JSON object per figure, appended as soon as it is measured
 from __future__ import annotations
 
 import argparse
-import datetime
 import io
-import json
 import math
 import statistics
 import subprocess

@@ -1,27 +1,21 @@
 """Where a model's files are, what family they hold and how big they are: checked before any GPU is asked for.
 
-Hub repos are downloaded with a scoped file list (only the components the pipeline loads,
-in safetensors), honour HF_HUB_OFFLINE, and are verified on disk before the load may proceed.
+Hub repos go through diffusion_kit.hub_fetch (scoped, offline-aware, verified on disk).
 """
 from __future__ import annotations
 
-import fnmatch
-import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from diffusion_kit.families import FamilySpec, check_pipeline_dir, family_from_proto
+from diffusion_kit.hub_fetch import fetch_hub_repo
 from diffusion_kit.weights_on_disk import component_params, safetensors_params
-from inference_service.download_progress import GrowthWatcher
-from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from service_kit.errors import InvalidArgument, NotFound
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                "F8_E4M3": 1, "F8_E5M2": 1}
 TARGET_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
 
 @dataclass(frozen=True)
@@ -95,84 +89,3 @@ def _default_base(requested_family: int):
 
     family = family_from_proto(requested_family)
     return inference_pb2.ModelSource(hub_repo=inference_pb2.HubRepo(repo_id=family.default_repo))
-
-
-def hub_allow_patterns(model_index: dict) -> list[str]:
-    """The scoped file list: model_index.json plus the folders of the components the pipeline loads."""
-    patterns = ["model_index.json"]
-    for name, spec in model_index.items():
-        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
-            continue
-        patterns += [f"{name}/{p}" for p in WEIGHT_PATTERNS]
-    return patterns
-
-
-def fetch_hub_repo(repo_id: str, revision: str | None, *, download: Callable | None = None,
-                   on_progress: Callable[[int, int], None] | None = None) -> Path:
-    """Downloads only what the pipeline loads; offline, uses the local cache alone. Verifies files on disk."""
-    from huggingface_hub import hf_hub_download, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
-
-    if "/" not in repo_id or repo_id.count("/") > 1:
-        raise InvalidArgument(f"hub repo ids look like owner/name, got {repo_id!r}", reason="BAD_REPO_ID")
-    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-    snapshot = download or snapshot_download
-    try:
-        index_path = Path(hf_hub_download(repo_id, "model_index.json", revision=revision, local_files_only=offline))
-        patterns = hub_allow_patterns(json.loads(index_path.read_text()))
-        if offline:
-            root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
-        else:
-            from huggingface_hub import HfApi, constants
-            from huggingface_hub.file_download import repo_folder_name
-
-            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-            need = download_bytes([(f.rfilename, f.size or 0) for f in info.siblings], patterns)
-            check_disk(Path(constants.HF_HUB_CACHE), int(need * 1.05))
-            folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
-            with GrowthWatcher(folder, need, on_progress or (lambda done, total: None)):
-                root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns))
-    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
-        raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
-                       reason="REPO_NOT_FOUND") from e
-    except LocalEntryNotFoundError as e:
-        raise NotFound(f"hub repo {repo_id} is not in the local cache and HF_HUB_OFFLINE is set", 
-                       reason="NOT_CACHED_OFFLINE") from e
-    except OSError as e:
-        raise FailedPrecondition(f"could not download {repo_id}: {e}", reason="DOWNLOAD_FAILED") from e
-    verify_snapshot(root)
-    return root
-
-
-def verify_snapshot(root: Path) -> None:
-    """A snapshot is loadable only if every component folder the index names has its weights on disk."""
-    index = json.loads((root / "model_index.json").read_text())
-    missing = []
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
-            continue
-        folder = root / name
-        if not folder.is_dir():
-            missing.append(name)
-        elif spec[1] not in ("FlowMatchEulerDiscreteScheduler", "EulerDiscreteScheduler") and \
-                not any(folder.glob("*.json")):
-            missing.append(f"{name}/config")
-    if missing:
-        raise FailedPrecondition(f"download of {root.name} is incomplete: missing {', '.join(missing)}",
-                                 reason="INCOMPLETE_DOWNLOAD")
-
-
-def download_bytes(files: list[tuple[str, int]], patterns: list[str]) -> int:
-    """Bytes the scoped download fetches: the repo's files that match the allow patterns."""
-    return sum(size for name, size in files if any(fnmatch.fnmatch(name, p) for p in patterns))
-
-
-def check_disk(path: Path, need_bytes: int) -> None:
-    """Disk preflight: before a download, never half-way through it."""
-    path.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(path).free
-    if free < need_bytes:
-        raise ResourceExhausted(f"{path} has {free / 2**30:.1f} GiB free, {need_bytes / 2**30:.1f} GiB needed",
-                                reason="DISK_FULL")
-
-

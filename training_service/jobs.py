@@ -63,7 +63,7 @@ class JobManager:
                   "sample_prompts": list(settings.sample_prompts),
                   "dataset_fingerprint": dataset.fingerprint(checked.examples)}
         run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
-               "trigger_words": list(req.trigger_words)}
+               "trigger_words": list(req.trigger_words), "hub_repo": checked.hub_repo}
         if req.resume_job_id:
             run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe))
         record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),

@@ -11,6 +11,7 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.adapter_store import check_adapter_id
 from diffusion_kit.families import FamilySpec, UnknownFamily, check_pipeline_dir, family_from_proto
 from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.hub_fetch import fetch_small
 from diffusion_kit.resolved import Resolved
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from training_service import dataset, precision_policy
@@ -27,6 +28,7 @@ class Preflighted:
     precision: Resolved
     prequantized: bool
     run: RunSettings
+    hub_repo: tuple[str, str | None] | None = None  # (repo id, revision) when the job must fetch the base
 
 
 def is_prequantized(base_dir: Path, family: FamilySpec) -> bool:
@@ -43,11 +45,20 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
         family = family_from_proto(req.family)
     except UnknownFamily as e:
         raise InvalidArgument(f"family is required: {e}", reason="BAD_FAMILY") from e
-    if req.base.WhichOneof("source") != "local_dir":
-        raise InvalidArgument("base must be a local_dir diffusers pipeline for now (hub bases: download with "
-                              "the inference service's scoped download first)", reason="BAD_BASE")
-    base_dir = Path(req.base.local_dir).expanduser()
-    found = check_pipeline_dir(base_dir, "base")
+    kind = req.base.WhichOneof("source")
+    hub_repo = None
+    if kind == "local_dir":
+        base_dir = Path(req.base.local_dir).expanduser()
+        found = check_pipeline_dir(base_dir, "base")
+    elif kind == "hub_repo":
+        # model_index.json and the denoiser's config only: the job itself fetches the weights.
+        hub_repo = (req.base.hub_repo.repo_id, req.base.hub_repo.revision or None)
+        base_dir = fetch_small(*hub_repo, "model_index.json").parent
+        found = check_pipeline_dir(base_dir, f"hub repo {hub_repo[0]}")
+        fetch_small(*hub_repo, f"{found.denoiser}/config.json")
+    else:
+        raise InvalidArgument(f"base must be a diffusers pipeline (local_dir or hub_repo), not {kind or 'unset'}; "
+                              "single-file and GGUF checkpoints are for inference", reason="BAD_BASE")
     if found.key != family.key:
         raise InvalidArgument(f"family {family.display} was asked for but {base_dir} holds {found.display}",
                               reason="FAMILY_MISMATCH")
@@ -65,7 +76,7 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
     examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt)
     run = resolve_run(req, caps, family, precision, examples[0].caption)
     check_output(output_root)
-    return Preflighted(family, base_dir, examples, precision, prequantized, run)
+    return Preflighted(family, base_dir, examples, precision, prequantized, run, hub_repo)
 
 
 def check_output(output_root: Path) -> None:

@@ -31,6 +31,14 @@ def main(job_dir: Path) -> int:
                 stop["mode"] = parts[1]
 
     threading.Thread(target=read_stdin, daemon=True).start()
+    if run.get("hub_repo"):
+        from diffusion_kit.hub_fetch import fetch_hub_repo
+
+        repo_id, revision = run["hub_repo"]
+        emit("phase", {"phase": "downloading", "message": f"scoped download of {repo_id}"})
+        fetched = fetch_hub_repo(repo_id, revision)
+        if fetched.resolve() != Path(run["recipe"]["base_dir"]).resolve():
+            raise RuntimeError(f"{repo_id} moved to another revision since the preflight ({fetched.name})")
     cfg = RecipeConfig(**run["recipe"])
     recipe = LoraRecipe(cfg, emit)
     recipe.setup()
@@ -56,7 +64,8 @@ def main(job_dir: Path) -> int:
     emit("phase", {"phase": "publishing"})
     lora_config = json.loads(json.dumps(recipe.model.peft_config["default"].to_dict(),
                                         default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-    info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=cfg.base_dir, rank=cfg.rank,
+    base = run["hub_repo"][0] if run.get("hub_repo") else cfg.base_dir
+    info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=base, rank=cfg.rank,
                        alpha=cfg.alpha, lora_config=lora_config,
                        steps=steps, resolution=cfg.resolution, trigger_words=tuple(run.get("trigger_words", ())),
                        job_id=job_dir.name)

@@ -36,6 +36,7 @@ class TrainingPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAINING_PHASE_TRAINING: _ClassVar[TrainingPhase]
     TRAINING_PHASE_SAVING: _ClassVar[TrainingPhase]
     TRAINING_PHASE_PUBLISHING: _ClassVar[TrainingPhase]
+    TRAINING_PHASE_DOWNLOADING: _ClassVar[TrainingPhase]
 
 class StopMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -74,6 +75,7 @@ TRAINING_PHASE_COMPILING: TrainingPhase
 TRAINING_PHASE_TRAINING: TrainingPhase
 TRAINING_PHASE_SAVING: TrainingPhase
 TRAINING_PHASE_PUBLISHING: TrainingPhase
+TRAINING_PHASE_DOWNLOADING: TrainingPhase
 STOP_MODE_UNSPECIFIED: StopMode
 STOP_MODE_SAVE: StopMode
 STOP_MODE_DISCARD: StopMode

@@ -195,7 +195,7 @@ def test_vae_tiling_only_for_large_images_in_offload_tiers(may_tile, side, tiled
 
 
 def test_scoped_download_size_and_disk_preflight(tmp_path):
-    from inference_service.model_source import check_disk, download_bytes, hub_allow_patterns
+    from diffusion_kit.hub_fetch import check_disk, download_bytes, hub_allow_patterns
 
     index = {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
              "text_encoder": ["transformers", "CLIPTextModel"], "image_encoder": [None, None]}

@@ -10,6 +10,7 @@ from diffusion.v1 import inference_pb2
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from diffusion_kit.adapter_store import AdapterStore
+from service_kit.error_interceptor import error_info
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 
@@ -333,6 +334,39 @@ def test_a_crashed_service_leaves_a_final_event_and_the_last_checkpoint_resumes(
         assert first.step.step > saved.checkpoint.step  # from the newest checkpoint on disk, not from zero
         stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
         _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+    finally:
+        channel.close()
+        proc.stop()
+
+
+def test_a_hub_base_is_preflighted_from_two_small_files_and_fetched_by_the_job(tiny_models, dirs, tmp_path):
+    from tests.inference_service.sources_helper import seed_hub_cache
+
+    cache = tmp_path / "hub"
+    seed_hub_cache(cache, "tiny-org/tiny-flux", tiny_models["flux1"])
+    proc = start_service("training_service", "--output-dir", str(tmp_path / "out"), "--adapter-store",
+                         str(dirs["adapters"]), timeout=180,
+                         env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        hub = inference_pb2.ModelSource(hub_repo=inference_pb2.HubRepo(repo_id="tiny-org/tiny-flux"))
+        job_id = stub.StartTraining(request(tiny_models, dirs, family=c.FAMILY_FLUX1, base=hub, steps=2,
+                                            adapter_id="from-the-hub")).job_id
+        events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+        assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
+        phases = [e.phase.phase for e in events if e.WhichOneof("event") == "phase"]
+        assert phases[0] == pb.TRAINING_PHASE_DOWNLOADING
+        assert AdapterStore(dirs["adapters"]).get("from-the-hub").base == "tiny-org/tiny-flux"
+        for repo_id, code, reason in [("nobody/not-cached", grpc.StatusCode.NOT_FOUND, "NOT_CACHED_OFFLINE"),
+                                      ("no-slash", grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID")]:
+            with pytest.raises(grpc.RpcError) as e:
+                stub.StartTraining(request(tiny_models, dirs, family=c.FAMILY_FLUX1, base=inference_pb2.ModelSource(
+                    hub_repo=inference_pb2.HubRepo(repo_id=repo_id))))
+            assert (e.value.code(), error_info(e.value).reason) == (code, reason)
+        with pytest.raises(grpc.RpcError) as e:  # a hub repo of another family
+            stub.StartTraining(request(tiny_models, dirs, base=hub))
+        assert error_info(e.value).reason == "FAMILY_MISMATCH"
     finally:
         channel.close()
         proc.stop()

@@ -69,6 +69,8 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
         (dict(good, dataset=pb.Dataset(image_dir=str(tmp_path / "broken"))), grpc.StatusCode.INVALID_ARGUMENT,
          "BAD_IMAGE"),
         (dict(good, adapter_id="../up"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ADAPTER_ID"),
+        (dict(good, base=inference_pb2.ModelSource(single_file=inference_pb2.SingleFileCheckpoint(path="/x.safetensors"))),
+         grpc.StatusCode.INVALID_ARGUMENT, "BAD_BASE"),
         (dict(good, optimizer=pb.OPTIMIZER_ADAMW_8BIT), grpc.StatusCode.FAILED_PRECONDITION, "OPTIMIZER_UNAVAILABLE"),
         (dict(good, batch_size=65), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
         (dict(good, lr_schedule=99), grpc.StatusCode.INVALID_ARGUMENT, "BAD_LR_SCHEDULE"),

@@ -2,7 +2,7 @@
 import threading
 import time
 
-from inference_service.download_progress import GrowthWatcher, folder_bytes
+from diffusion_kit.download_progress import GrowthWatcher, folder_bytes
 
 
 def test_progress_follows_the_bytes_that_land_and_ignores_what_was_cached(tmp_path):

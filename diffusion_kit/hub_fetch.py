@@ -1,0 +1,128 @@
+"""Hugging Face repos: the scoped file list a pipeline needs, the download, and the checks around it.
+
+Only the components the pipeline loads are fetched, in safetensors; HF_HUB_OFFLINE is honoured
+(the local cache alone); free disk is checked before a byte is fetched; and the files are verified
+on disk before anyone may load them. Shared by the inference service (loads) and the training
+service (bases).
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from diffusion_kit.download_progress import GrowthWatcher
+from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+
+
+def hub_allow_patterns(model_index: dict) -> list[str]:
+    """The scoped file list: model_index.json plus the folders of the components the pipeline loads."""
+    patterns = ["model_index.json"]
+    for name, spec in model_index.items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        patterns += [f"{name}/{p}" for p in WEIGHT_PATTERNS]
+    return patterns
+
+
+def check_repo_id(repo_id: str) -> None:
+    if "/" not in repo_id or repo_id.count("/") > 1:
+        raise InvalidArgument(f"hub repo ids look like owner/name, got {repo_id!r}", reason="BAD_REPO_ID")
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, revision: str | None):
+    """huggingface_hub's failures as the service's errors, each with what to do about it."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError, \
+        RevisionNotFoundError
+
+    try:
+        yield
+    except (RepositoryNotFoundError, RevisionNotFoundError) as e:
+        raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
+                       reason="REPO_NOT_FOUND") from e
+    except LocalEntryNotFoundError as e:
+        raise NotFound(f"hub repo {repo_id} is not in the local cache and HF_HUB_OFFLINE is set",
+                       reason="NOT_CACHED_OFFLINE") from e
+    except EntryNotFoundError as e:
+        raise InvalidArgument(f"hub repo {repo_id} is not a diffusers pipeline: {e}", reason="NOT_A_PIPELINE") from e
+    except OSError as e:
+        raise FailedPrecondition(f"could not download {repo_id}: {e}", reason="DOWNLOAD_FAILED") from e
+
+
+def fetch_small(repo_id: str, revision: str | None, filename: str) -> Path:
+    """One small file (model_index.json, a config), from the cache or the hub: for preflights."""
+    from huggingface_hub import hf_hub_download
+
+    check_repo_id(repo_id)
+    with hub_errors(repo_id, revision):
+        return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=offline()))
+
+
+def fetch_hub_repo(repo_id: str, revision: str | None, *, download: Callable | None = None,
+                   on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """Downloads only what the pipeline loads; offline, uses the local cache alone. Verifies files on disk."""
+    from huggingface_hub import snapshot_download
+
+    check_repo_id(repo_id)
+    is_offline = offline()
+    snapshot = download or snapshot_download
+    index_path = fetch_small(repo_id, revision, "model_index.json")
+    patterns = hub_allow_patterns(json.loads(index_path.read_text()))
+    with hub_errors(repo_id, revision):
+        if is_offline:
+            root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
+        else:
+            from huggingface_hub import HfApi, constants
+            from huggingface_hub.file_download import repo_folder_name
+
+            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+            need = download_bytes([(f.rfilename, f.size or 0) for f in info.siblings], patterns)
+            check_disk(Path(constants.HF_HUB_CACHE), int(need * 1.05))
+            folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+            with GrowthWatcher(folder, need, on_progress or (lambda done, total: None)):
+                root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns))
+    verify_snapshot(root)
+    return root
+
+
+def verify_snapshot(root: Path) -> None:
+    """A snapshot is loadable only if every component folder the index names has its weights on disk."""
+    index = json.loads((root / "model_index.json").read_text())
+    missing = []
+    for name, spec in index.items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        folder = root / name
+        if not folder.is_dir():
+            missing.append(name)
+        elif spec[1] not in ("FlowMatchEulerDiscreteScheduler", "EulerDiscreteScheduler") and \
+                not any(folder.glob("*.json")):
+            missing.append(f"{name}/config")
+    if missing:
+        raise FailedPrecondition(f"download of {root.name} is incomplete: missing {', '.join(missing)}",
+                                 reason="INCOMPLETE_DOWNLOAD")
+
+
+def download_bytes(files: list[tuple[str, int]], patterns: list[str]) -> int:
+    """Bytes the scoped download fetches: the repo's files that match the allow patterns."""
+    return sum(size for name, size in files if any(fnmatch.fnmatch(name, p) for p in patterns))
+
+
+def check_disk(path: Path, need_bytes: int) -> None:
+    """Disk preflight: before a download, never half-way through it."""
+    path.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise ResourceExhausted(f"{path} has {free / 2**30:.1f} GiB free, {need_bytes / 2**30:.1f} GiB needed",
+                                reason="DISK_FULL")
