@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def make_dataset(directory: Path, resolution: int, n: int = 4) -> Path:
 def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, timeout_s, jobs_dir):
     req = pb.StartTrainingRequest(family=FAMILY[family], base=inference_pb2.ModelSource(local_dir=str(base_dir)),
                                   dataset=pb.Dataset(image_dir=str(data_dir)), rank=16, steps=steps,
-                                  resolution=resolution, seed=0, adapter_id=f"bench-{family}-{mode}", **MODES[mode])
+                                  resolution=resolution, seed=0, adapter_id=f"bench-{family}-{mode}-{int(time.time())}",
+                                  **MODES[mode])
     t0 = time.perf_counter()
     try:
         job_id = stub.StartTraining(req, timeout=60).job_id
@@ -110,6 +112,31 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
 
 
+def run_baseline_probe(probe: Path, family: str, record, workdir: Path, budget_s: float, nf4: bool) -> None:
+    """The shared plain diffusers+peft loop, in this same run, so a ratio compares like with like."""
+    import json
+    import os
+    import subprocess
+
+    out = workdir / ("baseline-nf4" if nf4 else "baseline")
+    out.mkdir(parents=True, exist_ok=True)
+    name = {"zimage": "zimage", "flux1": "flux"}[family]
+    env = {**os.environ, "FAMILIES": name, "SDPA_PIN": "1", "BUDGET_S": str(budget_s), "OUT": str(out),
+           **({"NF4": "1"} if nf4 else {})}
+    subprocess.run([sys.executable, str(probe), "train"], env=env, timeout=budget_s + 120, check=False)
+    path = out / "baseline.json"
+    if not path.is_file():
+        record("baseline-probe", "ran", 0, "bool", detail="the probe wrote no baseline.json")
+        return
+    found = json.loads(path.read_text())
+    for key, value in found.items():
+        if key.startswith(f"{name}.") and ("steps_per_s" in key or key.endswith("peak_GiB") or "compile_first" in key):
+            metric = key.split(".")[-1]
+            unit = "steps/s" if "steps_per_s" in key else "GiB" if key.endswith("GiB") else "s"
+            record("baseline-probe" + ("-nf4" if nf4 else ""), metric, float(value), unit, probe_key=key,
+                   note="../shared/tools/baseline_probe.py train, SDPA_PIN=1, fixed random inputs")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=list(FAMILY), required=True)
@@ -123,9 +150,10 @@ def main() -> None:
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
+    p.add_argument("--baseline-probe", type=Path,
+                   help="also run this copy of shared/tools/baseline_probe.py (eager, compiled and nf4) in the same run")
+    p.add_argument("--baseline-budget", type=float, default=420)
     args = p.parse_args()
-    import sys
-
     command = "python -m benchmarks.training_bench " + " ".join(sys.argv[1:])
     record = Recorder("training", args.out, args.family, command, host_description())
     resolution = args.resolution or (64 if args.tiny else RESOLUTION[args.family])
@@ -160,6 +188,11 @@ def main() -> None:
     finally:
         channel.close()
         service.stop()
+    try:
+        if args.baseline_probe:  # after the service stopped: the probe has the GPU to itself
+            for nf4 in (False, True):
+                run_baseline_probe(args.baseline_probe, args.family, record, args.workdir, args.baseline_budget, nf4)
+    finally:
         if broker is not None:
             broker.stop()
 

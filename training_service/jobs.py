@@ -41,12 +41,15 @@ class JobManager:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._changed = asyncio.Condition()
         self._draining = False
+        self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
         if self._draining:
             raise Unavailable("the training service is stopping; start the job on its next run",
                               reason="SERVICE_STOPPING")
         job_id = "job-" + uuid.uuid4().hex[:12]
+        adapter_id = req.adapter_id or job_id
+        self._check_adapter_id_free(adapter_id)
         total_steps = req.steps or DEFAULT_STEPS
         settings = checked.run
         rank = req.rank or DEFAULT_RANK
@@ -62,12 +65,13 @@ class JobManager:
                   "gradient_checkpointing": settings.gradient_checkpointing, "sample_every": settings.sample_every,
                   "sample_prompts": list(settings.sample_prompts),
                   "dataset_fingerprint": dataset.fingerprint(checked.examples)}
-        run = {"recipe": recipe, "adapter_id": req.adapter_id or job_id, "adapter_store": str(self.adapter_store_root),
+        run = {"recipe": recipe, "adapter_id": adapter_id, "adapter_store": str(self.adapter_store_root),
                "trigger_words": list(req.trigger_words), "hub_repo": checked.hub_repo}
         if req.resume_job_id:
             run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe))
         record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
                                              total_steps=total_steps))
+        self._claimed[adapter_id] = job_id
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
                                                              for r in settings.resolved]})
@@ -186,7 +190,21 @@ class JobManager:
             await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                                     "message": why})
 
+    def _check_adapter_id_free(self, adapter_id: str) -> None:
+        """Before anything starts: a run must not train for hours and then find its id taken."""
+        from diffusion_kit.adapter_store import AdapterStore
+
+        if AdapterStore(self.adapter_store_root).path(adapter_id).exists():
+            raise FailedPrecondition(f"adapter {adapter_id!r} already exists in the store; choose another "
+                                     "adapter_id or delete that adapter first", reason="ADAPTER_EXISTS")
+        if adapter_id in self._claimed:
+            raise FailedPrecondition(f"job {self._claimed[adapter_id]} is already training adapter {adapter_id!r}; "
+                                     "choose another adapter_id", reason="ADAPTER_EXISTS")
+
     def _finish(self, record: JobRecord, finished: dict) -> None:
+        for adapter_id, job_id in list(self._claimed.items()):
+            if job_id == record.job_id:
+                del self._claimed[adapter_id]
         self.store.update(record, state=finished["state"], adapter_id=finished.get("adapter_id", ""),
                           steps_completed=finished["steps_completed"],
                           error=finished["message"] if finished["state"] == "FAILED" else "")

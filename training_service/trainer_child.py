@@ -19,6 +19,7 @@ def emit(kind: str, data: dict) -> None:
 
 def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
+    from service_kit.errors import FailedPrecondition
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     run = json.loads((job_dir / "run.json").read_text())
@@ -69,7 +70,13 @@ def main(job_dir: Path) -> int:
                        alpha=cfg.alpha, lora_config=lora_config,
                        steps=steps, resolution=cfg.resolution, trigger_words=tuple(run.get("trigger_words", ())),
                        job_id=job_dir.name)
-    AdapterStore(Path(run["adapter_store"])).publish(info, export / WEIGHTS)
+    try:
+        AdapterStore(Path(run["adapter_store"])).publish(info, export / WEIGHTS)
+    except FailedPrecondition as e:  # the id was taken while this job trained: keep the work, say where it is
+        emit("finished", {"state": "FAILED", "steps_completed": steps,
+                          "message": f"trained {steps} steps but could not publish: {e}. The adapter is at "
+                                     f"{export / WEIGHTS} and the checkpoint resumes with resume_job_id"})
+        return 0
     state = "CANCELLED" if "mode" in stop else "SUCCEEDED"
     emit("finished", {"state": state, "steps_completed": steps, "adapter_id": run["adapter_id"],
                       "message": "stopped and saved" if "mode" in stop else "done"})

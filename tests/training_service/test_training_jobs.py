@@ -370,3 +370,16 @@ def test_a_hub_base_is_preflighted_from_two_small_files_and_fetched_by_the_job(t
     finally:
         channel.close()
         proc.stop()
+
+
+def test_an_adapter_id_is_claimed_before_training_not_after(service, tiny_models, dirs):
+    first = service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="claimed")).job_id
+    with pytest.raises(grpc.RpcError) as e:  # another running job will publish it
+        service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="claimed"))
+    assert (e.value.code(), error_info(e.value).reason) == (grpc.StatusCode.FAILED_PRECONDITION, "ADAPTER_EXISTS")
+    assert first in e.value.details()
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=first), timeout=120))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+    with pytest.raises(grpc.RpcError) as e:  # now it is in the store
+        service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="claimed"))
+    assert error_info(e.value).reason == "ADAPTER_EXISTS" and "already exists" in e.value.details()
