@@ -17,6 +17,9 @@ from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExha
 from training_service import dataset, precision_policy
 from training_service.run_settings import RunSettings, resolve_run
 
+MAX_RANK = 512
+MAX_STEPS = 1_000_000
+MAX_RESOLUTION = 4096
 MIN_FREE_DISK = 2 * 2**30  # checkpoints of a rank-16 adapter plus optimizer state, with margin
 
 
@@ -64,12 +67,20 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
                               reason="FAMILY_MISMATCH")
     if req.adapter_id:
         check_adapter_id(req.adapter_id)
-    for field, value, low in (("rank", req.rank, 0), ("steps", req.steps, 0), ("batch_size", req.batch_size, 0),
-                              ("warmup_steps", req.warmup_steps, 0), ("checkpoint_every", req.checkpoint_every, 0)):
-        if value < low:
-            raise InvalidArgument(f"{field} must be >= {low}, got {value}", reason="BAD_VALUE")
-    if req.resolution and (req.resolution < 64 or req.resolution % 16):
-        raise InvalidArgument(f"resolution must be a multiple of 16 and at least 64, got {req.resolution}",
+    for field, value, low, high in (("rank", req.rank, 0, MAX_RANK), ("steps", req.steps, 0, MAX_STEPS),
+                                    ("batch_size", req.batch_size, 0, None), ("warmup_steps", req.warmup_steps, 0, None),
+                                    ("checkpoint_every", req.checkpoint_every, 0, None)):
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise InvalidArgument(f"{field} must be {bound}, got {value}", reason="BAD_VALUE")
+    if req.steps and req.warmup_steps > req.steps:
+        raise InvalidArgument(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})", reason="BAD_VALUE")
+    if req.HasField("learning_rate") and not 0 < req.learning_rate <= 1:
+        raise InvalidArgument(f"learning_rate must be in (0, 1], got {req.learning_rate}", reason="BAD_VALUE")
+    if req.HasField("alpha") and not 0 < req.alpha <= 4 * MAX_RANK:
+        raise InvalidArgument(f"alpha must be positive (usually the rank), got {req.alpha}", reason="BAD_VALUE")
+    if req.resolution and (req.resolution < 64 or req.resolution > MAX_RESOLUTION or req.resolution % 16):
+        raise InvalidArgument(f"resolution must be a multiple of 16 from 64 to {MAX_RESOLUTION}, got {req.resolution}",
                               reason="BAD_RESOLUTION")
     prequantized = is_prequantized(base_dir, family)
     precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized)
