@@ -155,9 +155,10 @@ class LoraRecipe:
         self._free()
         return conds, negative
 
-    @staticmethod
-    def _cpu(cond: dict) -> dict:
-        return {k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu() for k, v in cond.items()}
+    def _cpu(self, cond: dict) -> dict:
+        """Kept on the CPU in the dtype the step feeds the model (a FLUX caption is 512 x 4096 values)."""
+        keep = torch.float32 if self.cfg.device == "cpu" else self.dtype
+        return {k: v.detach().to("cpu", keep) if v.is_floating_point() else v.detach().cpu() for k, v in cond.items()}
 
     def _cache_latents(self) -> list[Example]:
         import diffusers
