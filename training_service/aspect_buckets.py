@@ -52,7 +52,21 @@ def epoch_batches(buckets_of: list[tuple[int, int]], batch_size: int, seed: int,
     return [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
 
 
+class BatchPlan:
+    """The batches of every step, one epoch's plan computed once (not per step: datasets can be large)."""
+
+    def __init__(self, buckets_of: list[tuple[int, int]], batch_size: int, seed: int):
+        self.buckets_of, self.batch_size, self.seed = list(buckets_of), batch_size, seed
+        self.per_epoch = sum(math.ceil(self.buckets_of.count(b) / batch_size) for b in set(self.buckets_of))
+        self._epoch, self._plan = -1, []
+
+    def at(self, step: int) -> list[int]:
+        """The examples of global step `step` (0-based). Every epoch has the same number of batches."""
+        epoch = step // self.per_epoch
+        if epoch != self._epoch:
+            self._epoch, self._plan = epoch, epoch_batches(self.buckets_of, self.batch_size, self.seed, epoch)
+        return self._plan[step % self.per_epoch]
+
+
 def batch_at(buckets_of: list[tuple[int, int]], batch_size: int, seed: int, step: int) -> list[int]:
-    """The examples of global step `step` (0-based). Every epoch has the same number of batches."""
-    per_epoch = sum(math.ceil(buckets_of.count(b) / batch_size) for b in set(buckets_of))
-    return epoch_batches(buckets_of, batch_size, seed, step // per_epoch)[step % per_epoch]
+    return BatchPlan(buckets_of, batch_size, seed).at(step)

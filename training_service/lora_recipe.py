@@ -111,7 +111,7 @@ class LoraRecipe:
         self.conds, self.negative = self._encode_text()
         self.emit("phase", {"phase": "caching_latents"})
         self.examples = self._cache_latents()
-        self.buckets_of = [ex.bucket for ex in self.examples]
+        self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
         backend = self.cfg.compile_backend if self.cfg.compile else None
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
@@ -209,7 +209,7 @@ class LoraRecipe:
         return stack
 
     def _batch(self, step: int) -> Batch:
-        idx = aspect_buckets.batch_at(self.buckets_of, self.cfg.batch_size, self.cfg.seed, step)
+        idx = self.plan.at(step)
         chosen = [self.examples[i] for i in idx]
         return Batch(torch.stack([ex.latent for ex in chosen]),
                      self.objective.collate([self.conds[ex.caption] for ex in chosen]),

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from training_service.aspect_buckets import (MAX_RATIO, batch_at, bucket_sizes, crop_box, epoch_batches,
-                                             nearest_bucket)
+from training_service.aspect_buckets import (MAX_RATIO, BatchPlan, batch_at, bucket_sizes, crop_box,
+                                             epoch_batches, nearest_bucket)
 
 
 @pytest.mark.parametrize("resolution, grid", [(1024, 64), (768, 64), (512, 64), (64, 16)])
@@ -51,6 +51,9 @@ def test_an_epoch_holds_every_example_once_in_one_bucket_batches(buckets_of, bat
     per_epoch = len(plan)
     assert per_epoch == sum(math.ceil(buckets_of.count(b) / batch_size) for b in set(buckets_of))
     assert [batch_at(buckets_of, batch_size, seed, epoch * per_epoch + k) for k in range(per_epoch)] == plan
+    walker = BatchPlan(buckets_of, batch_size, seed)  # the cached plan walks epochs the same way
+    steps = range(max(0, epoch - 1) * per_epoch, (epoch + 1) * per_epoch)
+    assert [walker.at(k) for k in steps] == [batch_at(buckets_of, batch_size, seed, k) for k in steps]
 
 
 def test_epochs_reshuffle():
