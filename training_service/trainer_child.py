@@ -13,7 +13,12 @@ import threading
 from pathlib import Path
 
 
+_reached = {"step": 0}  # the last step this process reported, for a failure's steps_completed
+
+
 def emit(kind: str, data: dict) -> None:
+    if kind == "step":
+        _reached["step"] = data["step"]
     print(json.dumps({"kind": kind, "data": data}), flush=True)
 
 
@@ -83,5 +88,39 @@ def main(job_dir: Path) -> int:
     return 0
 
 
+def out_of_memory_advice(cfg, step: int, peak_bytes: int, total_bytes: int) -> str:
+    """What to change when a run ran out of GPU memory, cheapest first, skipping what it already does."""
+    where = f"at step {step + 1}" if step else "before the first step finished"
+    ideas = []
+    if not cfg.gradient_checkpointing:
+        ideas.append("gradient_checkpointing=true")
+    if cfg.batch_size > 1:
+        ideas.append(f"batch_size {cfg.batch_size // 2}")
+    if cfg.precision not in ("nf4",):
+        ideas.append("base_precision PRECISION_NF4")
+    if cfg.resolution > 512:
+        ideas.append(f"resolution {max(512, cfg.resolution * 3 // 4 // 64 * 64)}")
+    head = (f"out of GPU memory {where} (peak {peak_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB; "
+            "another process may hold the rest)")
+    return head + (f"; try {', '.join(ideas)}" if ideas else "")
+
+
+def run_guarded(job_dir: Path) -> int:
+    """main(), with running out of GPU memory turned into a FAILED job that says what to change."""
+    import torch
+
+    try:
+        return main(job_dir)
+    except torch.OutOfMemoryError:
+        from training_service.lora_recipe import RecipeConfig
+
+        cfg = RecipeConfig(**json.loads((job_dir / "run.json").read_text())["recipe"])
+        total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+        emit("finished", {"state": "FAILED", "steps_completed": _reached["step"],
+                          "message": out_of_memory_advice(cfg, _reached["step"], peak, total)})
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    sys.exit(run_guarded(Path(sys.argv[1])))
