@@ -1,4 +1,5 @@
 """Training under a real broker: preflights before Acquire, preemption suspends with a checkpoint, crashes release."""
+import json
 import subprocess
 
 import grpc
@@ -71,3 +72,26 @@ def test_killed_child_releases_the_lease(stack, tiny_models, dirs):  # noqa: F81
     assert list(broker.status().leases) == []
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
     assert events[-1].finished.state == pb.TRAINING_JOB_STATE_FAILED
+
+
+def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+    import signal
+
+    broker_proc, broker = start_broker(fake_devices="1x24GiB")
+    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
+                         "--adapter-store", str(dirs["adapters"]), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    service = training_pb2_grpc.TrainingServiceStub(channel)
+    timeline = broker.timeline()
+    try:
+        job_id = service.StartTraining(request(tiny_models, dirs, steps=400)).job_id
+        _wait_first_step(service, job_id)
+        assert [lease.holder.client_id for lease in broker.status().leases] == ["training-0"]
+    finally:
+        channel.close()
+    assert proc.stop(signal.SIGTERM, timeout=60) == 0
+    timeline.wait_for("RELEASED", timeout=15)
+    assert list(broker.status().leases) == []
+    job = json.loads((tmp_path / "out" / "jobs" / job_id / "job.json").read_text())
+    assert job["state"] == "SUSPENDED" and job["steps_completed"] >= 1
+    assert (tmp_path / "out" / "jobs" / job_id / "checkpoint" / "identity.json").is_file()
