@@ -285,6 +285,15 @@ def _watch_until(stub, job_id, predicate, timeout=120):
     raise AssertionError("the stream ended first")
 
 
+def _first_resumed_step(stub, tiny_models, dirs, job_id) -> int:
+    """Resumes job_id, returns the first step the new job reports, and discards it."""
+    resumed = stub.StartTraining(request(tiny_models, dirs, steps=400, resume_job_id=job_id)).job_id
+    first = _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "step")
+    stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
+    _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+    return first.step.step
+
+
 def test_sigterm_suspends_running_jobs_with_a_checkpoint_and_they_resume(tiny_models, dirs, tmp_path):
     import signal
 
@@ -301,11 +310,7 @@ def test_sigterm_suspends_running_jobs_with_a_checkpoint_and_they_resume(tiny_mo
         assert "SERVICE_STOPPING" in [e.warning.reason for e in events if e.WhichOneof("event") == "warning"]
         finished = events[-1].finished
         assert finished.state == pb.TRAINING_JOB_STATE_SUSPENDED and 1 <= finished.steps_completed < 400
-        resumed = stub.StartTraining(request(tiny_models, dirs, steps=400, resume_job_id=job_id)).job_id
-        first = _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "step")
-        assert first.step.step == finished.steps_completed + 1
-        stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
-        _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+        assert _first_resumed_step(stub, tiny_models, dirs, job_id) == finished.steps_completed + 1
     finally:
         channel.close()
         proc.stop()
@@ -329,11 +334,8 @@ def test_a_crashed_service_leaves_a_final_event_and_the_last_checkpoint_resumes(
         assert events[-1].finished.state == pb.TRAINING_JOB_STATE_FAILED
         assert f"resume_job_id={job_id}" in events[-1].finished.message
         assert saved.checkpoint.step >= 2
-        resumed = stub.StartTraining(request(tiny_models, dirs, steps=400, resume_job_id=job_id)).job_id
-        first = _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "step")
-        assert first.step.step > saved.checkpoint.step  # from the newest checkpoint on disk, not from zero
-        stub.StopTraining(pb.StopTrainingRequest(job_id=resumed, mode=pb.STOP_MODE_DISCARD))
-        _watch_until(stub, resumed, lambda e: e.WhichOneof("event") == "finished")
+        # From the newest checkpoint on disk, not from zero.
+        assert _first_resumed_step(stub, tiny_models, dirs, job_id) > saved.checkpoint.step
     finally:
         channel.close()
         proc.stop()
