@@ -39,7 +39,7 @@ def test_precision_trains_samples_and_exports(tiny_models, examples, tmp_path, f
         pytest.skip("compile is covered on Z-Image and FLUX (each inductor compile costs a minute)")
     cfg = RecipeConfig(family=family, base_dir=str(tiny_models[family]), examples=examples, rank=4, alpha=4.0,
                        learning_rate=1e-3, steps=4, resolution=64, seed=1, device="cuda", precision=precision,
-                       sample_every=4, sample_prompts=["a card"], **extra)
+                       sample_every=0 if extra.get("compile") else 4, sample_prompts=["a card"], **extra)
     events = []
     recipe = LoraRecipe(cfg, emit=lambda kind, data: events.append((kind, data)))
     recipe.setup()
@@ -47,6 +47,6 @@ def test_precision_trains_samples_and_exports(tiny_models, examples, tmp_path, f
     assert len(recipe.state.losses) == 4 and all(torch.isfinite(torch.tensor(recipe.state.losses)))
     steps = [d for k, d in events if k == "step"]
     assert steps[-1]["peak_memory_bytes"] > 0
-    assert [k for k, _ in events].count("sample") == 1
+    assert [k for k, _ in events].count("sample") == (0 if extra.get("compile") else 1)  # compile: one graph less
     assert not [d for k, d in events if k == "warning"]
     recipe.export_adapter(tmp_path / "export")
