@@ -47,6 +47,7 @@ class RecipeConfig:
     optimizer: str = "adamw"  # or adamw8bit (bitsandbytes)
     lr_schedule: str = "constant_with_warmup"  # diffusers.optimization names
     batch_size: int = 1
+    accumulation: int = 1  # batches per optimizer step
     buckets: bool = False
     compile: bool = False
     compile_backend: str = "inductor"
@@ -59,7 +60,8 @@ class RecipeConfig:
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed: everything that changes the trajectory."""
         keys = ("family", "base_dir", "examples", "rank", "alpha", "learning_rate", "steps", "resolution", "seed",
-                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "buckets", "dataset_fingerprint")
+                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "accumulation", "buckets",
+                "dataset_fingerprint")
         return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
 
 
@@ -230,17 +232,9 @@ class LoraRecipe:
         started, first_step = time.perf_counter(), self.state.step
         while self.state.step < self.cfg.steps and not should_stop():
             t0 = time.perf_counter()
-            batch = self._batch(self.state.step)
-            x_t, t, target = self.objective.noisy(batch.x0, self.generator)
-            cond = {k: self._to_device(v) for k, v in batch.cond.items()}
-            with self._context():
-                pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
-                loss = torch.nn.functional.mse_loss(pred.float(), target.to(device).float())
+            loss, images = self._accumulate_gradients(self.state.step)
             if self.scaler is not None:
-                self.scaler.scale(loss).backward()
                 self.scaler.unscale_(self.optimizer)
-            else:
-                loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -261,13 +255,28 @@ class LoraRecipe:
             per_step = (now - started) / (self.state.step - first_step)
             self.emit("step", asdict(StepReport(
                 self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
-                float(grad_norm), len(batch.geometry) / max(1e-9, now - t0), peak, now - started,
+                float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
                 per_step * (self.cfg.steps - self.state.step))))
             if checkpoint_dir and self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
                 self.save_checkpoint(checkpoint_dir)
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
                 self.render_samples(sample_dir)
         return self.state
+
+    def _accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
+        """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient."""
+        device, parts, images = self.cfg.device, [], 0
+        for k in range(self.cfg.accumulation):
+            batch = self._batch(step * self.cfg.accumulation + k)
+            x_t, t, target = self.objective.noisy(batch.x0, self.generator)
+            cond = {key: self._to_device(v) for key, v in batch.cond.items()}
+            with self._context():
+                pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
+                loss = torch.nn.functional.mse_loss(pred.float(), target.to(device).float()) / self.cfg.accumulation
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            parts.append(loss.detach())
+            images += len(batch.geometry)
+        return torch.stack(parts).sum(), images
 
     # ---- sample images -------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ COMPILABLE = {"PRECISION_BF16", "PRECISION_FP8", "PRECISION_MXFP8", "PRECISION_F
 PRECISION_KEYS = {"PRECISION_FP32": "fp32", "PRECISION_FP16": "fp16", "PRECISION_BF16": "bf16",
                   "PRECISION_NF4": "nf4", "PRECISION_INT8": "int8", "PRECISION_FP8": "fp8", "PRECISION_MXFP8": "mxfp8"}
 MAX_BATCH = 64
+MAX_ACCUMULATION = 64
 MAX_SAMPLE_PROMPTS = 8
 
 
@@ -36,6 +37,7 @@ class RunSettings:
     compile: bool
     gradient_checkpointing: bool
     batch_size: int
+    accumulation: int
     buckets: bool
     sample_every: int
     sample_prompts: tuple[str, ...]
@@ -100,6 +102,13 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
 
     if req.batch_size > MAX_BATCH:
         raise InvalidArgument(f"batch_size is at most {MAX_BATCH}, got {req.batch_size}", reason="BAD_VALUE")
+    if not 0 <= req.gradient_accumulation_steps <= MAX_ACCUMULATION:
+        raise InvalidArgument(f"gradient_accumulation_steps is 0 to {MAX_ACCUMULATION}, got "
+                              f"{req.gradient_accumulation_steps}", reason="BAD_VALUE")
+    batch, accumulation = req.batch_size or 1, req.gradient_accumulation_steps or 1
+    resolved.append(Resolved("effective_batch", f"{req.batch_size} x {req.gradient_accumulation_steps}",
+                             f"{batch * accumulation} ({batch} per pass x {accumulation} accumulated)",
+                             Source.EXPLICIT if req.batch_size or req.gradient_accumulation_steps else Source.DEFAULT))
     buckets = req.dataset.aspect_ratio_buckets
     resolved.append(Resolved("aspect_ratio_buckets", str(buckets).lower(), str(buckets).lower(),
                              Source.EXPLICIT if buckets else Source.DEFAULT))
@@ -117,5 +126,5 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
 
     return RunSettings(device=device, precision=PRECISION_KEYS[precision.applied], optimizer=optimizer,
                        lr_schedule=schedule, compile=compile_, gradient_checkpointing=req.gradient_checkpointing,
-                       batch_size=req.batch_size or 1, buckets=buckets, sample_every=req.sample_every,
+                       batch_size=batch, accumulation=accumulation, buckets=buckets, sample_every=req.sample_every,
                        sample_prompts=prompts, resolved=tuple(resolved))

@@ -55,7 +55,7 @@ def test_phased_setup_and_one_event_per_step(tiny_models, examples, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_resume_is_bit_identical(tiny_models, examples, tmp_path, family):
-    kw = {"batch_size": 2, "buckets": True, "lr_schedule": "cosine"}
+    kw = {"batch_size": 2, "buckets": True, "lr_schedule": "cosine", "accumulation": 2}
     straight = run(config(tiny_models, examples, family, **kw))
     first = run(config(tiny_models, examples, family, **kw), stop_after=3)
     checkpoint = first.save_checkpoint(tmp_path / "ckpt")
@@ -76,6 +76,24 @@ def test_buckets_keep_shapes_and_batches_hold_one_bucket(tiny_models, examples):
         assert len({tuple(x.shape) for x in batch.x0}) == 1
     recipe.train()
     assert len(recipe.state.losses) == 6
+
+
+def test_accumulation_draws_that_many_batches_per_optimizer_step(tiny_models, examples):
+    drawn = []
+
+    class Recording(LoraRecipe):
+        def _batch(self, step):
+            drawn.append(step)
+            return super()._batch(step)
+
+    events = []
+    recipe = Recording(config(tiny_models, examples, steps=3, accumulation=3), emit=lambda k, d: events.append((k, d)))
+    recipe.setup()
+    recipe.train()
+    assert drawn == list(range(9))  # three batches per step, in plan order
+    steps = [d for k, d in events if k == "step"]
+    assert [s["step"] for s in steps] == [1, 2, 3]  # one event per optimizer step
+    assert len(recipe.state.losses) == 3
 
 
 def test_schedules_shape_the_learning_rate(tiny_models, examples):

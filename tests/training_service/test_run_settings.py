@@ -62,6 +62,8 @@ def test_optimizer_and_schedule(fields, optimizer, schedule):
     (H200, {"lr_schedule": 9}, InvalidArgument, "BAD_LR_SCHEDULE"),
     (H200, {"speed_mode": 9}, InvalidArgument, "BAD_SPEED_MODE"),
     (H200, {"batch_size": 65}, InvalidArgument, "BAD_VALUE"),
+    (H200, {"gradient_accumulation_steps": -1}, InvalidArgument, "BAD_VALUE"),
+    (H200, {"gradient_accumulation_steps": 65}, InvalidArgument, "BAD_VALUE"),
     (H200, {"sample_every": -2}, InvalidArgument, "BAD_VALUE"),
     (H200, {"sample_every": 5, "sample_prompts": ["p"] * 9}, InvalidArgument, "BAD_VALUE"),
 ])
@@ -83,5 +85,5 @@ def test_sample_prompts(fields, every, prompts):
 
 def test_sdxl_keeps_its_native_dtype_and_batches_default_to_one():
     settings = run(H200, SDXL, "PRECISION_BF16", dataset=pb.Dataset(aspect_ratio_buckets=True))
-    assert (settings.precision, settings.batch_size, settings.buckets) == ("bf16", 1, True)
+    assert (settings.precision, settings.batch_size, settings.accumulation, settings.buckets) == ("bf16", 1, 1, True)
     assert by_control(settings)["attention"].applied.startswith("flash")

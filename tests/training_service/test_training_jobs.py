@@ -219,7 +219,8 @@ def family_request(tiny_models, dirs, family, **kw):
 @pytest.mark.parametrize("family", list(FAMILY_PROTOS))
 def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_models, dirs, family):
     job_id = service.StartTraining(family_request(
-        tiny_models, dirs, family, steps=4, batch_size=2, sample_every=2, sample_prompts=["a violet card"],
+        tiny_models, dirs, family, steps=4, batch_size=2, gradient_accumulation_steps=2, sample_every=2,
+        sample_prompts=["a violet card"],
         lr_schedule=pb.LR_SCHEDULE_COSINE, gradient_checkpointing=True,
         dataset=pb.Dataset(image_dir=str(dirs["data"]), instance_prompt="a violet card", aspect_ratio_buckets=True),
         adapter_id=f"every-{family}")).job_id
@@ -228,6 +229,7 @@ def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_mode
     resolved = {r.control: r.applied for r in events[0].resolved.resolved}
     assert resolved["lr_schedule"].startswith("cosine") and resolved["gradient_checkpointing"] == "true"
     assert resolved["aspect_ratio_buckets"] == "true" and resolved["optimizer"] == "adamw"
+    assert resolved["effective_batch"].startswith("4 ")
     phases = [(e.phase.phase, e.phase.message) for e in events if e.WhichOneof("event") == "phase"]
     assert [p for p, _ in phases] == [pb.TRAINING_PHASE_ENCODING_TEXT, pb.TRAINING_PHASE_CACHING_LATENTS,
                                       pb.TRAINING_PHASE_LOADING_TRANSFORMER, pb.TRAINING_PHASE_TRAINING,
