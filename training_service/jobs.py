@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -109,7 +110,8 @@ class JobManager:
                 return
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)), cwd=ROOT,
+                sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)),
+                str(os.getpid()), cwd=ROOT,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             self._procs[record.job_id] = proc
             self.store.update(record, state="RUNNING")

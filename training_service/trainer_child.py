@@ -1,4 +1,4 @@
-"""One training job in its own process: `python -m training_service.trainer_child JOB_DIR`.
+"""One training job in its own process: `python -m training_service.trainer_child JOB_DIR [SERVICE_PID]`.
 
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
 `stop save`, `stop discard` or `stop suspend` (the broker preempted the GPU) on stdin, honoured
@@ -11,6 +11,21 @@ import json
 import sys
 import threading
 from pathlib import Path
+
+
+def die_with_the_service(service_pid: int) -> None:
+    """If the service dies (even by SIGKILL), so does this job, at once: its lease went with the service, and a
+    child still loading or compiling would otherwise hold GPU memory the broker has already handed to someone else."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux)
+    except (OSError, AttributeError):
+        return  # not Linux: the next event write fails instead, within one step
+    if os.getppid() != service_pid:  # the service died before the line above ran
+        os._exit(1)
 
 
 _reached = {"step": 0}  # the last step this process reported, for a failure's steps_completed
@@ -123,4 +138,6 @@ def run_guarded(job_dir: Path) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2:
+        die_with_the_service(int(sys.argv[2]))
     sys.exit(run_guarded(Path(sys.argv[1])))

@@ -1,5 +1,6 @@
 """Training jobs over real loopback gRPC: a child process per job, Watch with replay, Stop, crash handling."""
 import subprocess
+import time
 
 import grpc
 import pytest
@@ -387,3 +388,27 @@ def test_an_adapter_id_is_claimed_before_training_not_after(service, tiny_models
     with pytest.raises(grpc.RpcError) as e:  # now it is in the store
         service.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="claimed"))
     assert error_info(e.value).reason == "ADAPTER_EXISTS" and "already exists" in e.value.details()
+
+
+def test_a_killed_service_takes_its_trainer_children_with_it(tiny_models, dirs, tmp_path):
+    """Even a child still loading (it prints nothing for seconds) dies at once: its lease died with the service."""
+    import signal
+
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=400)).job_id
+
+        def child_alive():
+            return subprocess.run(["pgrep", "-f", f"trainer_child .*{job_id}"], capture_output=True).returncode == 0
+
+        deadline = time.monotonic() + 30
+        while not child_alive():
+            assert time.monotonic() < deadline, "the trainer child never started"
+            time.sleep(0.05)
+    finally:
+        channel.close()
+        proc.stop(signal.SIGKILL)
+    deadline = time.monotonic() + 1.0
+    while child_alive():
+        assert time.monotonic() < deadline, "the trainer child outlived its service"
+        time.sleep(0.05)
