@@ -42,6 +42,7 @@ class JobManager:
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._changed = asyncio.Condition()
         self._draining = False
+        self._runners: dict[str, asyncio.Task] = {}  # job id -> lease + child + follower, until the lease is back
         self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
@@ -79,17 +80,24 @@ class JobManager:
                                                              for r in settings.resolved]})
         params = component_params(checked.base_dir).get(checked.family.denoiser)
         need = training_bytes(checked.family, precision_value(checked.precision.applied), params)
-        asyncio.get_running_loop().create_task(self._run(record, req.priority, need))
+        self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority, need))
         return record
 
     async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         try:
             await self._run_leased(record, priority, need_bytes)
+        except asyncio.CancelledError:  # the service stopped while this job still waited for the GPU
+            if record.state not in TERMINAL:
+                await self._append(record, "finished", {"state": "CANCELLED", "steps_completed": 0,
+                                                        "message": "the training service stopped before the GPU "
+                                                                   "was granted; nothing ran, start the job again"})
         except Exception as e:  # never lose a job silently: whatever broke is its final event
             log.exception("job runner failed")
             if record.state not in TERMINAL:
                 await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                                         "message": f"{type(e).__name__}: {e}"})
+        finally:
+            self._runners.pop(record.job_id, None)
 
     async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         """Lease (when a broker is configured), then the child; the lease is released when the child ends."""
@@ -126,6 +134,9 @@ class JobManager:
         A job that cannot reach a step boundary in time (still loading, or compiling) is killed and
         fails with a message that says so; its last periodic checkpoint, if any, still resumes."""
         self._draining = True
+        for job_id, task in list(self._runners.items()):
+            if job_id not in self._procs:  # still waiting for a lease: withdraw the request, nothing ran
+                task.cancel()
         running = [(self.store.get(job_id), proc) for job_id, proc in self._procs.items() if proc.returncode is None]
         for record, proc in running:
             await self._append(record, "warning", {"reason": "SERVICE_STOPPING",
@@ -143,11 +154,11 @@ class JobManager:
                 if waiter in late:
                     proc.kill()
                     await proc.wait()
-        # Let each follower record the child's end (its `finished` event, or the failure) before the loop stops.
-        for _ in range(100):
-            if all(record.state in TERMINAL for record, _ in running):
-                break
-            await asyncio.sleep(0.05)
+        # Each runner records the child's end (its `finished` event, or the failure) and gives its lease back
+        # to the broker before the event loop stops: a clean release, not a holder the broker sees vanish.
+        runners = [task for task in self._runners.values() if not task.done()]
+        if runners:
+            await asyncio.wait(runners, timeout=30)
 
     async def _suspend(self, record: JobRecord, event) -> None:
         """Preempted: the child checkpoints at its next step and exits; then the client library releases."""

@@ -95,3 +95,26 @@ def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, ti
     job = json.loads((tmp_path / "out" / "jobs" / job_id / "job.json").read_text())
     assert job["state"] == "SUSPENDED" and job["steps_completed"] >= 1
     assert (tmp_path / "out" / "jobs" / job_id / "checkpoint" / "identity.json").is_file()
+
+
+def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+    import signal
+
+    broker_proc, broker = start_broker(fake_devices="1x24GiB")
+    holder = broker.granted("inference-0", priority=10, memory=24 * 2**30)  # the whole card, not preemptible by 0
+    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
+                         "--adapter-store", str(dirs["adapters"]), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    service = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        job_id = service.StartTraining(request(tiny_models, dirs, steps=5, priority=0)).job_id
+        for event in service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30):
+            if event.WhichOneof("event") == "phase" and event.phase.phase == pb.TRAINING_PHASE_WAITING_FOR_GPU:
+                break
+    finally:
+        channel.close()
+    assert proc.stop(signal.SIGTERM, timeout=30) == 0
+    job = json.loads((tmp_path / "out" / "jobs" / job_id / "job.json").read_text())
+    assert job["state"] == "CANCELLED" and job["steps_completed"] == 0
+    assert [lease.holder.client_id for lease in broker.status().leases] == ["inference-0"]  # undisturbed
+    assert holder.kinds_so_far(0.3) == []
