@@ -10,14 +10,20 @@ from training_service.aspect_buckets import (MAX_RATIO, BatchPlan, batch_at, buc
 
 
 @pytest.mark.parametrize("resolution, grid", [(1024, 64), (768, 64), (512, 64), (64, 16)])
-def test_buckets_keep_the_area_the_grid_and_the_ratio_bounds(resolution, grid):
+def test_buckets_keep_the_grid_the_ratio_bounds_and_both_orientations(resolution, grid):
     sizes = bucket_sizes(resolution)
     assert (resolution, resolution) in sizes
-    for w, h in sizes:
-        assert w % grid == 0 and h % grid == 0
-        assert 1 / MAX_RATIO <= w / h <= MAX_RATIO
-        assert (h, w) in sizes  # portrait and landscape alike
-        assert abs(w * h / resolution**2 - 1) < 0.25 if resolution >= 256 else True
+    assert len(sizes) >= 5  # a square and at least two landscape/portrait pairs
+    off_grid = [(w, h) for w, h in sizes if w % grid or h % grid]
+    too_narrow = [(w, h) for w, h in sizes if max(w, h) / min(w, h) > MAX_RATIO]
+    unpaired = [(w, h) for w, h in sizes if (h, w) not in sizes]
+    assert (off_grid, too_narrow, unpaired) == ([], [], [])
+
+
+@pytest.mark.parametrize("resolution", [1024, 768, 512])
+def test_buckets_keep_the_pixel_count_within_a_quarter(resolution):
+    areas = [w * h / resolution**2 for w, h in bucket_sizes(resolution)]
+    assert min(areas) > 0.75 and max(areas) < 1.25, areas
 
 
 @pytest.mark.parametrize("image, expected", [
