@@ -254,9 +254,7 @@ class JobManager:
         if old.state not in TERMINAL or not (checkpoint / "identity.json").is_file():
             raise FailedPrecondition(f"job {job_id} ({old.state}) has no checkpoint to resume from",
                                      reason="NOTHING_TO_RESUME")
-        saved = json.loads((checkpoint / "identity.json").read_text())
-        wanted = RecipeConfig(**recipe).identity()
-        changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
+        changed = RecipeConfig(**recipe).identity_differences(json.loads((checkpoint / "identity.json").read_text()))
         if changed:
             raise FailedPrecondition(f"job {job_id}'s checkpoint is for a different run: {', '.join(changed)} "
                                      "differ; resume with the same settings", reason="CHECKPOINT_MISMATCH")

@@ -64,6 +64,11 @@ class RecipeConfig:
                 "dataset_fingerprint")
         return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
 
+    def identity_differences(self, saved: dict) -> list[str]:
+        """The identity keys a saved checkpoint disagrees on (a key missing on either side counts)."""
+        mine = self.identity()
+        return sorted(k for k in mine.keys() | saved.keys() if mine.get(k) != saved.get(k))
+
 
 @dataclass
 class StepReport:
@@ -355,9 +360,8 @@ class LoraRecipe:
     def load_checkpoint(self, directory: Path) -> None:
         from peft.utils import set_peft_model_state_dict
 
-        identity = json.loads((Path(directory) / "identity.json").read_text())
-        if identity != self.cfg.identity():
-            changed = sorted(k for k in identity if identity[k] != self.cfg.identity().get(k))
+        changed = self.cfg.identity_differences(json.loads((Path(directory) / "identity.json").read_text()))
+        if changed:
             raise ValueError(f"checkpoint {directory} belongs to a different run (differs in {', '.join(changed)})")
         saved = torch.load(Path(directory) / "state.pt", weights_only=False)
         set_peft_model_state_dict(self.model, saved["lora"])
