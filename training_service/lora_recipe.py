@@ -222,6 +222,9 @@ class LoraRecipe:
                      self.objective.collate([self.conds[ex.caption] for ex in chosen]),
                      [ex.geometry for ex in chosen])
 
+    def _cond_to_device(self, cond: dict) -> dict:
+        return {key: self._to_device(v) for key, v in cond.items()}
+
     def _to_device(self, value):
         if isinstance(value, list):
             return [self._to_device(v) for v in value]
@@ -274,7 +277,7 @@ class LoraRecipe:
         for k in range(self.cfg.accumulation):
             batch = self._batch(step * self.cfg.accumulation + k)
             x_t, t, target = self.objective.noisy(batch.x0, self.generator)
-            cond = {key: self._to_device(v) for key, v in batch.cond.items()}
+            cond = self._cond_to_device(batch.cond)
             with self._context():
                 pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
                 loss = torch.nn.functional.mse_loss(pred.float(), target.to(device).float()) / self.cfg.accumulation
@@ -304,8 +307,8 @@ class LoraRecipe:
         paths = []
         try:
             for k, prompt in enumerate(self.cfg.sample_prompts):
-                cond = {key: self._to_device(v) for key, v in self.conds[prompt].items()}
-                negative = ({key: self._to_device(v) for key, v in self.negative.items()}
+                cond = self._cond_to_device(self.conds[prompt])
+                negative = (self._cond_to_device(self.negative)
                             if cfg_on and self.negative is not None else None)
                 kwargs = self.objective.sample_kwargs(cond, negative)
                 with torch.no_grad(), self._context():
