@@ -1,6 +1,8 @@
 """The training gRPC servicer: preflight, then delegate to the job manager; convert back."""
 from __future__ import annotations
 
+import asyncio
+
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from diffusion_kit.adapter_store import AdapterStore
@@ -23,7 +25,10 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         return training_info(self.caps, FAMILIES.values())
 
     async def StartTraining(self, request, context):
-        record = await self.jobs.start(request, preflight(request, self.caps, self.output_root))
+        # Off the event loop: decoding every dataset image, or fetching a hub base's index, takes a while,
+        # and watchers of other jobs must not wait behind it.
+        checked = await asyncio.to_thread(preflight, request, self.caps, self.output_root)
+        record = await self.jobs.start(request, checked)
         return pb.StartTrainingResponse(job_id=record.job_id, job=convert.job(record))
 
     async def WatchTraining(self, request, context):
