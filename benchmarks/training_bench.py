@@ -41,6 +41,7 @@ MODES: dict[str, dict] = {
     "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-compile-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
     "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp8-compile-warm": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),
     "nf4-adamw8bit": dict(base_precision=c.PRECISION_NF4, optimizer=pb.OPTIMIZER_ADAMW_8BIT),
 }
@@ -112,17 +113,22 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
 
 
-def run_baseline_probe(probe: Path, family: str, record, workdir: Path, budget_s: float, nf4: bool) -> None:
-    """The shared plain diffusers+peft loop, in this same run, so a ratio compares like with like."""
+BASELINE_VARIANTS = {"eager": {"NO_COMPILE": "1"}, "compiled": {}, "nf4": {"NF4": "1"}}
+
+
+def run_baseline_probe(probe: Path, family: str, record, workdir: Path, budget_s: float, variant: str) -> None:
+    """The shared plain diffusers+peft loop, in this same run, so a ratio compares like with like.
+    `compiled` runs the eager pass too (the probe compiles the model it has just timed)."""
     import json
     import os
     import subprocess
 
-    out = workdir / ("baseline-nf4" if nf4 else "baseline")
+    nf4 = variant == "nf4"
+    out = workdir / f"baseline-{variant}"
     out.mkdir(parents=True, exist_ok=True)
     name = {"zimage": "zimage", "flux1": "flux"}[family]
     env = {**os.environ, "FAMILIES": name, "SDPA_PIN": "1", "BUDGET_S": str(budget_s), "OUT": str(out),
-           **({"NF4": "1"} if nf4 else {})}
+           **BASELINE_VARIANTS[variant]}
     subprocess.run([sys.executable, str(probe), "train"], env=env, timeout=budget_s + 120, check=False)
     path = out / "baseline.json"
     if not path.is_file():
@@ -151,7 +157,9 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
     p.add_argument("--baseline-probe", type=Path,
-                   help="also run this copy of shared/tools/baseline_probe.py (eager, compiled and nf4) in the same run")
+                   help="also run this copy of shared/tools/baseline_probe.py in the same run")
+    p.add_argument("--baseline-variants", default="compiled,nf4",
+                   help=f"which probe passes: {', '.join(BASELINE_VARIANTS)} (compiled includes the eager pass)")
     p.add_argument("--baseline-budget", type=float, default=420)
     args = p.parse_args()
     command = "python -m benchmarks.training_bench " + " ".join(sys.argv[1:])
@@ -190,8 +198,11 @@ def main() -> None:
         service.stop()
     try:
         if args.baseline_probe:  # after the service stopped: the probe has the GPU to itself
-            for nf4 in (False, True):
-                run_baseline_probe(args.baseline_probe, args.family, record, args.workdir, args.baseline_budget, nf4)
+            for variant in args.baseline_variants.split(","):
+                if args.deadline_s - (time.perf_counter() - t0) < args.baseline_budget + 30:
+                    record("baseline-probe", "ran", 0, "bool", detail=f"{variant} not run: the deadline was reached")
+                    continue
+                run_baseline_probe(args.baseline_probe, args.family, record, args.workdir, args.baseline_budget, variant)
     finally:
         if broker is not None:
             broker.stop()
