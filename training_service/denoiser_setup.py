@@ -3,6 +3,7 @@
 Order matters and follows the reference system's fixes:
 - nf4 quantises at load (bitsandbytes Linear4bit), then the LoRA wraps the 4-bit layers (QLoRA);
 - int8 quantises *after* add_adapter, only the frozen base layers (torchao weight-only), and runs eager;
+  its backward reads the int8 weight (frozen_quantized_linear), not a saved bf16 copy;
 - fp8 swaps the frozen linears for torchao Float8Linear with the filter (no LoRA, no proj_out, no
   dimension that is not a multiple of 16), and compiles;
 - mxfp8 uses torchao's MXFP8 training wrapper (Blackwell); if it cannot apply, the base stays bf16
@@ -17,6 +18,7 @@ from typing import Callable
 import torch
 
 from diffusion_kit.families import FamilySpec
+from training_service.frozen_quantized_linear import wrap_frozen_quantized
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "nf4": torch.bfloat16,
           "int8": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16}
@@ -75,6 +77,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str
 
         phase("quantizing", "int8 weight-only (torchao) on the frozen base linears")
         quantize_(model, Int8WeightOnlyConfig(), filter_fn=frozen_linear_filter())
+        wrap_frozen_quantized(model, frozen_linear_filter())  # else autograd keeps a bf16 copy of each weight
     elif precision == "fp8":
         from torchao.float8 import convert_to_float8_training
 
