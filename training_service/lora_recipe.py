@@ -277,10 +277,11 @@ class LoraRecipe:
         for k in range(self.cfg.accumulation):
             batch = self._batch(step * self.cfg.accumulation + k)
             x_t, t, target = self.objective.noisy(batch.x0, self.generator)
-            cond = self._cond_to_device(batch.cond)
+            # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
+            cond, target = self._cond_to_device(batch.cond), target.to(device)
             with self._context():
                 pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
-                loss = torch.nn.functional.mse_loss(pred.float(), target.to(device).float()) / self.cfg.accumulation
+                loss = torch.nn.functional.mse_loss(pred.float(), target.float()) / self.cfg.accumulation
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             parts.append(loss.detach())
             images += len(batch.geometry)
