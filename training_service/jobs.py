@@ -13,9 +13,9 @@ from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
 from service_kit.errors import FailedPrecondition, Unavailable
 from service_kit.service_process import ROOT
-from diffusion_kit.weights_on_disk import component_params
+from diffusion_kit.resolved import Resolved, Source
+from gpu_broker.inventory import format_bytes
 from training_service.lora_recipe import RecipeConfig
-from training_service.precision_policy import training_bytes
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service import dataset
@@ -24,10 +24,6 @@ from training_service.start_preflight import Preflighted
 log = logging.getLogger("training_service.jobs")
 
 
-def precision_value(applied: str) -> int:
-    from diffusion.v1 import common_pb2
-
-    return common_pb2.Precision.Value(applied)
 STDERR_TAIL = 2000
 
 
@@ -76,11 +72,14 @@ class JobManager:
                                              total_steps=total_steps))
         self._claimed[adapter_id] = job_id
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
+        estimate = Resolved("gpu_memory", "", format_bytes(checked.need_bytes), Source.AUTO,
+                            reason="the estimated peak of this job (its base on disk, resolution, batch and "
+                                   "checkpointing), asked of the broker" if self.broker else
+                                   "the estimated peak of this job; no broker, so nothing reserves it")
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
-                                                             for r in settings.resolved]})
-        params = component_params(checked.base_dir).get(checked.family.denoiser)
-        need = training_bytes(checked.family, precision_value(checked.precision.applied), params)
-        self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority, need))
+                                                             for r in (*settings.resolved, estimate)]})
+        self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority,
+                                                                                 checked.need_bytes))
         return record
 
     async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:

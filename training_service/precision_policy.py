@@ -11,33 +11,81 @@ from diffusion.v1 import common_pb2 as c
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved, Source, Status
+from gpu_broker.inventory import format_bytes
 from service_kit.errors import FailedPrecondition, InvalidArgument
 
 GiB = 2**30
 MODES = (c.PRECISION_NF4, c.PRECISION_BF16, c.PRECISION_INT8, c.PRECISION_FP8, c.PRECISION_MXFP8)
 ACCEPTED = (c.PRECISION_UNSPECIFIED, c.PRECISION_AUTO, c.PRECISION_FP32, *MODES)
-# Activation memory of one LoRA step at the family's default training resolution, batch 1, no
-# checkpointing, measured on an H200 (DESIGN.md): peak minus bf16 weights. Z-Image 768 px: 31 - 12.3;
-# FLUX 512 px: 31 - 23.8. Qwen-Image and SDXL are scaled estimates, not measurements.
-ACTIVATION_BYTES = {"zimage": int(18.7 * GiB), "flux1": int(7.2 * GiB), "qwen_image": int(20 * GiB),
-                    "sdxl": int(6 * GiB)}
-BYTES_PER_PARAM = {c.PRECISION_FP32: 4.0, c.PRECISION_FP16: 2.0, c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.06, c.PRECISION_NF4: 0.56,
-                   c.PRECISION_FP8: 1.06, c.PRECISION_MXFP8: 1.06}
+# Activation memory of one LoRA step, batch 1, no checkpointing, and the resolution it was measured at:
+# the bf16 eager step peak minus the bf16 weights, on an H200 through the service (docs/bench/training.md,
+# 2026-12-02): Z-Image 31.4 - 11.5 GiB at 768 px, FLUX 30.5 - 22.2 GiB at 512 px. Qwen-Image and SDXL
+# are scaled estimates, not measurements.
+ACTIVATIONS = {"zimage": (int(19.9 * GiB), 768), "flux1": (int(8.3 * GiB), 512),
+               "qwen_image": (int(20 * GiB), 768), "sdxl": (int(6 * GiB), 1024)}
+# Base bytes per parameter during a step, fitted so that weights + activations cover the measured step
+# peaks of both families (nf4: FLUX 17.7 GiB; int8: Z-Image 25.7, FLUX 21.1; fp8: Z-Image 34.3, FLUX 33.2).
+# fp8 keeps the bf16 weight and saves an fp8 copy for the backward pass, hence above bf16.
+BYTES_PER_PARAM = {c.PRECISION_FP32: 4.0, c.PRECISION_FP16: 2.0, c.PRECISION_BF16: 2.0, c.PRECISION_INT8: 1.15,
+                   c.PRECISION_NF4: 0.85, c.PRECISION_FP8: 2.5, c.PRECISION_MXFP8: 2.5}
+# int8, fp8 and mxfp8 load the base in bf16 onto the GPU and quantise it there: the load peaks at the bf16 weights.
+LOADED_AS_BF16 = (c.PRECISION_INT8, c.PRECISION_FP8, c.PRECISION_MXFP8)
+# Checkpointed blocks keep only their inputs. A conservative estimate of what is left, not a measurement.
+CHECKPOINTED_ACTIVATIONS = 0.25
 HEADROOM = 1.2
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step's activations scale with. resolution None: the resolution the activations were measured at."""
+    resolution: int | None = None
+    batch: int = 1
+    checkpointing: bool = False
 
 
 def name(value: int) -> str:
     return c.Precision.Name(value) if value in c.Precision.values() else f"precision {value}"
 
 
-def training_bytes(family: FamilySpec, precision: int, denoiser_params: int | None = None) -> int:
-    """Estimated peak of a training step: the frozen base at its precision plus the step's activations.
+def value(applied: str) -> int:
+    """The enum value of a resolved record's `applied` name."""
+    return c.Precision.Value(applied)
 
-    With the actual model's parameter count, activations scale with it (a tiny test model needs little).
+
+def training_bytes(family: FamilySpec, precision: int, denoiser_params: int | None = None,
+                   shape: StepShape = StepShape()) -> int:
+    """Estimated peak of a training job: the larger of the load and a step (frozen base + activations).
+
+    Activations grow with the image tokens (resolution squared) and the batch. With the actual model's
+    parameter count they also shrink with it, so a tiny test model needs little.
     """
     nominal = family.denoiser_bytes / 2
     params = nominal if denoiser_params is None else denoiser_params
-    return int(params * BYTES_PER_PARAM[precision] + ACTIVATION_BYTES[family.key] * min(1.0, params / nominal))
+    activations, measured_at = ACTIVATIONS[family.key]
+    tokens = ((shape.resolution or measured_at) / measured_at) ** 2 * max(1, shape.batch)
+    activations *= min(1.0, params / nominal) * tokens * (CHECKPOINTED_ACTIVATIONS if shape.checkpointing else 1.0)
+    step = params * BYTES_PER_PARAM[precision] + activations
+    load = params * 2 if precision in LOADED_AS_BF16 else 0
+    return int(max(step, load))
+
+
+def check_fits(caps: HostCaps, family: FamilySpec, precision: int, denoiser_params: int | None,
+               shape: StepShape) -> int:
+    """The job's estimated peak; FAILED_PRECONDITION before any lease when it exceeds the whole GPU."""
+    need = training_bytes(family, precision, denoiser_params, shape)
+    if caps.device_kind == "cuda" and need > caps.total_bytes:
+        ideas = [f"a lower resolution than {shape.resolution}" if shape.resolution else "a lower resolution"]
+        if shape.batch > 1:
+            ideas.append("a smaller batch_size with gradient_accumulation_steps for the same effective batch")
+        if not shape.checkpointing:
+            ideas.append("gradient_checkpointing=true")
+        if precision != c.PRECISION_NF4:
+            ideas.append("base_precision NF4")
+        raise FailedPrecondition(
+            f"{family.display} at {name(precision)} needs about {format_bytes(need)} at this resolution and batch; "
+            f"{caps.device_name} has {format_bytes(caps.total_bytes)} in all. Try {', or '.join(ideas)}",
+            reason="NEVER_FITS", metadata={"estimated_bytes": str(need), "total_bytes": str(caps.total_bytes)})
+    return need
 
 
 def why_not(precision: int, caps: HostCaps, family: FamilySpec) -> str | None:
@@ -78,22 +126,25 @@ class AutoPick:
     reason: str
 
 
-def auto_pick(caps: HostCaps, family: FamilySpec, free_bytes: int, prequantized: bool = False) -> AutoPick:
+def auto_pick(caps: HostCaps, family: FamilySpec, free_bytes: int, prequantized: bool = False,
+              shape: StepShape = StepShape(), denoiser_params: int | None = None) -> AutoPick:
     """bf16 when it fits with headroom, int8 in the middle band when torchao works, else nf4. Never fp8/mxfp8:
     the reference system measured fp8 training slower than compiled bf16 at LoRA shapes (FLUX 3.15 vs 4.12 steps/s)."""
     if prequantized:
         return AutoPick(c.PRECISION_NF4, "the base is already 4-bit (bitsandbytes): nf4")
     free = free_bytes / GiB
     for precision in (c.PRECISION_BF16, c.PRECISION_INT8):
-        need = training_bytes(family, precision) * HEADROOM
+        need = training_bytes(family, precision, denoiser_params, shape) * HEADROOM
         if why_not(precision, caps, family) is None and need <= free_bytes:
             return AutoPick(precision, f"{name(precision)}: about {need / GiB:.1f} GiB with headroom, {free:.1f} GiB free")
-    return AutoPick(c.PRECISION_NF4, f"nf4: bf16 needs about {training_bytes(family, c.PRECISION_BF16) * HEADROOM / GiB:.1f}"
-                                     f" GiB and int8 {training_bytes(family, c.PRECISION_INT8) * HEADROOM / GiB:.1f} GiB"
-                                     f" with headroom; {free:.1f} GiB free")
+    bf16, int8 = (training_bytes(family, p, denoiser_params, shape) * HEADROOM / GiB
+                  for p in (c.PRECISION_BF16, c.PRECISION_INT8))
+    return AutoPick(c.PRECISION_NF4, f"nf4: bf16 needs about {bf16:.1f} GiB and int8 {int8:.1f} GiB with headroom; "
+                                     f"{free:.1f} GiB free")
 
 
-def resolve(requested: int, caps: HostCaps, family: FamilySpec, free_bytes: int, prequantized: bool = False) -> Resolved:
+def resolve(requested: int, caps: HostCaps, family: FamilySpec, free_bytes: int, prequantized: bool = False,
+            shape: StepShape = StepShape(), denoiser_params: int | None = None) -> Resolved:
     """The base precision a run will use. Raises INVALID_ARGUMENT / FAILED_PRECONDITION before any eviction."""
     control, asked = "base_precision", name(requested)
     if requested not in ACCEPTED:
@@ -117,7 +168,7 @@ def resolve(requested: int, caps: HostCaps, family: FamilySpec, free_bytes: int,
     if requested == c.PRECISION_UNSPECIFIED:
         requested, source = c.PRECISION_NF4, Source.DEFAULT
     elif requested == c.PRECISION_AUTO:
-        pick = auto_pick(caps, family, free_bytes, prequantized)
+        pick = auto_pick(caps, family, free_bytes, prequantized, shape, denoiser_params)
         reason = why_not(pick.precision, caps, family)
         if reason:
             raise FailedPrecondition(f"AUTO picked {name(pick.precision)}, which cannot run here: {reason}",

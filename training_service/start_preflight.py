@@ -12,9 +12,11 @@ from diffusion_kit.adapter_store import check_adapter_id
 from diffusion_kit.families import FamilySpec, UnknownFamily, check_pipeline_dir, family_from_proto
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.hub_fetch import fetch_small
+from diffusion_kit.weights_on_disk import component_params
 from diffusion_kit.resolved import Resolved
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from training_service import dataset, precision_policy
+from training_service.info import DEFAULT_RESOLUTION
 from training_service.run_settings import RunSettings, resolve_run
 
 MAX_RANK = 512
@@ -31,6 +33,7 @@ class Preflighted:
     precision: Resolved
     prequantized: bool
     run: RunSettings
+    need_bytes: int  # the job's estimated peak, what it asks the broker for
     hub_repo: tuple[str, str | None] | None = None  # (repo id, revision) when the job must fetch the base
 
 
@@ -83,11 +86,15 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
         raise InvalidArgument(f"resolution must be a multiple of 16 from 64 to {MAX_RESOLUTION}, got {req.resolution}",
                               reason="BAD_RESOLUTION")
     prequantized = is_prequantized(base_dir, family)
-    precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized)
+    params = component_params(base_dir).get(family.denoiser)  # None for a hub base not yet fetched: the nominal size
+    shape = precision_policy.StepShape(req.resolution or DEFAULT_RESOLUTION[family.key], req.batch_size or 1,
+                                       req.gradient_checkpointing)
+    precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized, shape, params)
+    need = precision_policy.check_fits(caps, family, precision_policy.value(precision.applied), params, shape)
     examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt)
     run = resolve_run(req, caps, family, precision, examples[0].caption)
     check_output(output_root)
-    return Preflighted(family, base_dir, examples, precision, prequantized, run, hub_repo)
+    return Preflighted(family, base_dir, examples, precision, prequantized, run, need, hub_repo)
 
 
 def check_output(output_root: Path) -> None:

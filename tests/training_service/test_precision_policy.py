@@ -5,7 +5,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion_kit.families import FAMILIES
 from diffusion_kit.host_caps import HostCaps
 from service_kit.errors import FailedPrecondition, InvalidArgument, ServiceError
-from training_service.precision_policy import GiB, advertised, auto_pick, resolve
+from training_service.precision_policy import GiB, StepShape, advertised, auto_pick, check_fits, resolve, training_bytes
 
 H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True, bitsandbytes=True)
 A100 = HostCaps("cuda", "NVIDIA A100", 80 * GiB, 79 * GiB, (8, 0), native_bf16=True, torchao=True, bitsandbytes=True)
@@ -49,10 +49,10 @@ def test_never_advertise_what_start_rejects(caps, family):
 
 @pytest.mark.parametrize("family, free_gib, expected", [
     (FLUX, 139, P.PRECISION_BF16),
-    (FLUX, 30, P.PRECISION_INT8),   # bf16 needs ~37 GiB with headroom; int8 ~23
+    (FLUX, 30, P.PRECISION_INT8),   # bf16 needs ~37 GiB with headroom; int8 ~27 (its bf16 load)
     (FLUX, 16, P.PRECISION_NF4),
     (Z, 139, P.PRECISION_BF16),
-    (Z, 32, P.PRECISION_INT8),   # bf16 needs ~36 GiB with headroom; int8 ~30
+    (Z, 32, P.PRECISION_INT8),   # bf16 needs ~38 GiB with headroom; int8 ~32
     (Z, 10, P.PRECISION_NF4),
 ])
 def test_auto_bands(family, free_gib, expected):
@@ -98,3 +98,56 @@ def test_prequantized_base_accepts_only_nf4():
     assert resolve(P.PRECISION_AUTO, H200, FLUX, 139 * GiB, prequantized=True).applied == "PRECISION_NF4"
     with pytest.raises(InvalidArgument, match="black-forest-labs/FLUX.1-dev"):
         resolve(P.PRECISION_BF16, H200, FLUX, 139 * GiB, prequantized=True)
+
+
+# The measured step peaks (docs/bench/training.md, H200, eager, batch 1): the estimate must cover each,
+# and not by so much that AUTO gives away a band it would fit in.
+@pytest.mark.parametrize("family, precision, measured_gib", [
+    (Z, P.PRECISION_NF4, 21.4), (Z, P.PRECISION_BF16, 31.4), (Z, P.PRECISION_INT8, 25.7), (Z, P.PRECISION_FP8, 34.3),
+    (FLUX, P.PRECISION_NF4, 17.7), (FLUX, P.PRECISION_BF16, 30.5), (FLUX, P.PRECISION_INT8, 21.1),
+    (FLUX, P.PRECISION_FP8, 33.2),
+])
+def test_estimates_cover_the_measured_peaks(family, precision, measured_gib):
+    estimate = training_bytes(family, precision) / GiB
+    assert measured_gib - 0.2 <= estimate <= measured_gib * 1.2
+
+
+@pytest.mark.parametrize("shape, ratio", [
+    (StepShape(768, 1), 1.0),
+    (StepShape(1536, 1), 4.0),   # four times the image tokens
+    (StepShape(768, 3), 3.0),
+    (StepShape(768, 2, checkpointing=True), 0.5),
+])
+def test_activations_scale_with_tokens_batch_and_checkpointing(shape, ratio):
+    weights = Z.denoiser_bytes  # the bf16 base
+    activations = training_bytes(Z, P.PRECISION_BF16, shape=StepShape(768)) - weights
+    assert training_bytes(Z, P.PRECISION_BF16, shape=shape) - weights == pytest.approx(activations * ratio, rel=1e-6)
+
+
+def test_a_tiny_model_needs_little():
+    assert training_bytes(FLUX, P.PRECISION_BF16, denoiser_params=2_000_000) < 0.01 * GiB
+
+
+def test_auto_follows_the_shape():
+    assert auto_pick(H200, Z, 139 * GiB).precision == P.PRECISION_BF16
+    assert auto_pick(H200, Z, 139 * GiB, shape=StepShape(1536, 2)).precision == P.PRECISION_NF4
+
+
+@pytest.mark.parametrize("precision, shape, advice", [
+    (P.PRECISION_BF16, StepShape(2048, 4), ["a lower resolution than 2048", "smaller batch_size", "gradient_checkpointing=true",
+                                             "base_precision NF4"]),
+    (P.PRECISION_NF4, StepShape(4096, 1, checkpointing=True), ["a lower resolution than 4096"]),
+])
+def test_a_job_larger_than_the_whole_gpu_is_refused_with_what_to_change(precision, shape, advice):
+    with pytest.raises(FailedPrecondition) as e:
+        check_fits(H200, Z, precision, None, shape)
+    assert e.value.reason == "NEVER_FITS"
+    for idea in advice:
+        assert idea in str(e.value)
+    if precision == P.PRECISION_NF4:  # nothing to suggest that the job already does
+        assert "gradient_checkpointing" not in str(e.value) and "base_precision NF4" not in str(e.value)
+
+
+def test_what_fits_returns_its_estimate_and_a_cpu_host_is_not_judged():
+    assert check_fits(H200, FLUX, P.PRECISION_BF16, None, StepShape(512)) == training_bytes(FLUX, P.PRECISION_BF16)
+    assert check_fits(CPU, FLUX, P.PRECISION_FP32, None, StepShape(4096, 8)) > CPU.total_bytes

@@ -231,6 +231,7 @@ def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_mode
     assert resolved["lr_schedule"].startswith("cosine") and resolved["gradient_checkpointing"] == "true"
     assert resolved["aspect_ratio_buckets"] == "true" and resolved["optimizer"] == "adamw"
     assert resolved["effective_batch"].startswith("4 ")
+    assert resolved["gpu_memory"].endswith(("KiB", "MiB"))  # a tiny model's estimate, from its weights on disk
     phases = [(e.phase.phase, e.phase.message) for e in events if e.WhichOneof("event") == "phase"]
     assert [p for p, _ in phases] == [pb.TRAINING_PHASE_ENCODING_TEXT, pb.TRAINING_PHASE_CACHING_LATENTS,
                                       pb.TRAINING_PHASE_LOADING_TRANSFORMER, pb.TRAINING_PHASE_TRAINING,

@@ -123,3 +123,24 @@ def test_prequantized_base_only_trains_nf4(tiny_models, tmp_path):
                     bitsandbytes=True)
     with pytest.raises(InvalidArgument, match="dense base"):
         precision_policy.resolve(c.PRECISION_BF16, h200, FAMILIES["flux1"], h200.free_bytes, prequantized=True)
+
+
+def test_preflight_sizes_the_job_from_its_weights_and_shape(tiny_models, dataset_dir, tmp_path):
+    """The estimate the lease asks for comes from the base on disk and the request's resolution and batch;
+    one larger than the whole GPU is refused in the preflight, before any lease."""
+    from diffusion_kit.host_caps import HostCaps
+    from service_kit.errors import FailedPrecondition
+    from training_service.start_preflight import preflight
+
+    small_gpu = HostCaps("cuda", "a 64 MiB GPU", 64 * 2**20, 64 * 2**20, (9, 0), native_bf16=True, torchao=True,
+                         bitsandbytes=True)
+    req = pb.StartTrainingRequest(family=c.FAMILY_FLUX1, base=inference_pb2.ModelSource(local_dir=str(tiny_models["flux1"])),
+                                  dataset=pb.Dataset(image_dir=str(dataset_dir)), base_precision=c.PRECISION_BF16,
+                                  resolution=64)
+    small = preflight(req, small_gpu, tmp_path).need_bytes
+    req.batch_size = 4
+    assert preflight(req, small_gpu, tmp_path).need_bytes > small > 0
+    req.resolution, req.batch_size = 4096, 64
+    with pytest.raises(FailedPrecondition, match="a 64 MiB GPU has 64.0 MiB in all") as e:
+        preflight(req, small_gpu, tmp_path)
+    assert e.value.reason == "NEVER_FITS" and "gradient_checkpointing=true" in str(e.value)
