@@ -15,6 +15,13 @@ from service_kit.server_runtime import announce, parse_listen, serve_until_signa
 log = logging.getLogger("training_service")
 
 
+def non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training_service", description="The training service over gRPC.")
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
@@ -33,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
     p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="on SIGTERM, how long running jobs have to reach a step boundary and checkpoint")
+    p.add_argument("--checkpoint-minutes", type=non_negative, default=10.0, metavar="MINUTES",
+                   help="every job also checkpoints when this long has passed since its last save, so a crash "
+                        "loses at most this much training (0: only what the request's checkpoint_every asks)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -48,7 +58,8 @@ async def _main(args: argparse.Namespace) -> None:
 
         broker = BrokerClient(args.broker)
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
-                                           args.client_id, args.compile_backend, args.drain_timeout)
+                                           args.client_id, args.compile_backend, args.drain_timeout,
+                                           args.checkpoint_minutes)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

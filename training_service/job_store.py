@@ -44,14 +44,18 @@ class JobStore:
 
     def _fail_interrupted(self, record: JobRecord) -> None:
         """A job the previous process never finished: FAILED, with a final event, and where it can resume from."""
-        saved = [e["data"]["step"] for e in self.events(record.job_id) if e["kind"] == "checkpoint"]
-        message = "the training service stopped without draining while this job ran"
-        if saved and (self.dir(record.job_id) / "checkpoint" / "identity.json").is_file():
-            message += f"; its checkpoint at step {saved[-1]} resumes with resume_job_id={record.job_id}"
+        message = "the training service stopped without draining while this job ran" + self.resume_hint(record)
         self.append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                          "message": message})
         record.state, record.error, record.updated = "FAILED", message, time.time()
         self._write(record)
+
+    def resume_hint(self, record: JobRecord) -> str:
+        """For a job that ended badly: where it can continue from, or '' when it saved nothing."""
+        saved = [e["data"]["step"] for e in self.events(record.job_id) if e["kind"] == "checkpoint"]
+        if saved and (self.dir(record.job_id) / "checkpoint" / "identity.json").is_file():
+            return f"; its checkpoint at step {saved[-1]} resumes with resume_job_id={record.job_id}"
+        return ""
 
     def dir(self, job_id: str) -> Path:
         return self.root / job_id

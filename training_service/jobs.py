@@ -29,8 +29,9 @@ STDERR_TAIL = 2000
 
 class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
-                 compile_backend: str = "inductor"):
+                 compile_backend: str = "inductor", checkpoint_minutes: float = 10.0):
         self.store = store
+        self.checkpoint_minutes = checkpoint_minutes  # the safety net under every job, whatever it asks
         self.compile_backend = compile_backend
         self.adapter_store_root = adapter_store_root
         self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
@@ -57,6 +58,7 @@ class JobManager:
                   "learning_rate": req.learning_rate if req.HasField("learning_rate") else DEFAULT_LR,
                   "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
                   "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every,
+                  "checkpoint_minutes": self.checkpoint_minutes,
                   "device": settings.device, "precision": settings.precision, "optimizer": settings.optimizer,
                   "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size,
                   "accumulation": settings.accumulation, "buckets": settings.buckets,
@@ -77,10 +79,19 @@ class JobManager:
                                    "checkpointing), asked of the broker" if self.broker else
                                    "the estimated peak of this job; no broker, so nothing reserves it")
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
-                                                             for r in (*settings.resolved, estimate)]})
+                                                             for r in (*settings.resolved, estimate,
+                                                                       self._checkpoints(req))]})
         self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority,
                                                                                  checked.need_bytes))
         return record
+
+    def _checkpoints(self, req: pb.StartTrainingRequest) -> Resolved:
+        when = [f"every {req.checkpoint_every} steps"] if req.checkpoint_every else []
+        if self.checkpoint_minutes:
+            when.append(f"at least every {self.checkpoint_minutes:g} min (the service's --checkpoint-minutes)")
+        when.append("at stop, preemption and service drain")
+        return Resolved("checkpoints", str(req.checkpoint_every), ", ".join(when),
+                        Source.EXPLICIT if req.checkpoint_every else Source.DEFAULT)
 
     async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         try:
@@ -200,6 +211,7 @@ class JobManager:
             why = f"the trainer process ended with exit code {code} before finishing"
             if stderr.strip():
                 why += f": {stderr.strip().splitlines()[-1]}"
+            why += self.store.resume_hint(record)
             await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                                     "message": why})
 

@@ -53,6 +53,7 @@ class RecipeConfig:
     compile_backend: str = "inductor"
     gradient_checkpointing: bool = False
     checkpoint_every: int = 0
+    checkpoint_minutes: float = 0  # also save when this much time passed since the last save; 0 off
     sample_every: int = 0
     sample_prompts: list[str] = field(default_factory=list)
     dataset_fingerprint: str = ""  # dataset.fingerprint: names, sizes, mtimes, captions
@@ -238,6 +239,7 @@ class LoraRecipe:
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         started, first_step = time.perf_counter(), self.state.step
+        last_saved = started
         while self.state.step < self.cfg.steps and not should_stop():
             t0 = time.perf_counter()
             loss, images = self._accumulate_gradients(self.state.step)
@@ -265,8 +267,11 @@ class LoraRecipe:
                 self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
                 float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
                 per_step * (self.cfg.steps - self.state.step))))
-            if checkpoint_dir and self.cfg.checkpoint_every and self.state.step % self.cfg.checkpoint_every == 0:
+            every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
+            if checkpoint_dir and ((every and self.state.step % every == 0)
+                                   or (minutes and time.perf_counter() - last_saved >= minutes * 60)):
                 self.save_checkpoint(checkpoint_dir)
+                last_saved = time.perf_counter()
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
                 self.render_samples(sample_dir)
         return self.state

@@ -9,12 +9,13 @@ SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_
 
 async def create_training_server(listen: str, caps, output_root, adapter_store_root, broker=None,
                                  client_id: str = "training-0", compile_backend: str = "inductor",
-                                 drain_timeout_s: float = 120.0) -> RunningServer:
+                                 drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0) -> RunningServer:
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.servicer import TrainingServicer
 
-    jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend)
+    jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend,
+                      checkpoint_minutes)
 
     def register(server):
         training_pb2_grpc.add_TrainingServiceServicer_to_server(TrainingServicer(caps, output_root, jobs), server)

@@ -160,3 +160,17 @@ def test_exported_adapter_changes_the_image_and_weight_zero_is_base(tiny_models,
     assert not (image() == base).all()
     pipe.set_adapters(["trained"], adapter_weights=[0.0])
     assert (image() == base).all()
+
+
+@pytest.mark.parametrize("every, minutes, saved_at", [
+    (0, 0, []),                       # nothing asked: only the stop/drain paths save
+    (2, 0, [2, 4, 6]),
+    (0, 1e-9, [1, 2, 3, 4, 5, 6]),    # the time-based safety net, due after every step here
+    (4, 60, [4]),                     # an hour has not passed: the step count alone
+])
+def test_checkpoints_by_step_count_and_by_time(tiny_models, examples, tmp_path, every, minutes, saved_at):
+    events = []
+    run(config(tiny_models, examples, checkpoint_every=every, checkpoint_minutes=minutes), events,
+        checkpoint_dir=tmp_path / "ckpt")
+    assert [d["step"] for k, d in events if k == "checkpoint"] == saved_at
+    assert (tmp_path / "ckpt" / "identity.json").is_file() == bool(saved_at)

@@ -100,12 +100,13 @@ def test_stop_at_a_step_boundary(service, tiny_models, dirs, mode, adapter_publi
 
 
 def test_killed_child_fails_the_job_and_the_service_lives_on(service, tiny_models, dirs):
-    job_id = service.StartTraining(request(tiny_models, dirs, steps=200)).job_id
-    _wait_first_step(service, job_id)
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=200, checkpoint_every=2)).job_id
+    saved = _watch_until(service, job_id, lambda e: e.WhichOneof("event") == "checkpoint")
     subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
     finished = events[-1].finished
     assert finished.state == pb.TRAINING_JOB_STATE_FAILED and "exit code -9" in finished.message
+    assert f"resume_job_id={job_id}" in finished.message and saved.checkpoint.step >= 2  # says where to go on from
     assert service.GetTrainingInfo(pb.GetTrainingInfoRequest()).families  # the service is fine
 
 
@@ -232,6 +233,7 @@ def test_every_family_trains_with_buckets_batches_and_samples(service, tiny_mode
     assert resolved["aspect_ratio_buckets"] == "true" and resolved["optimizer"] == "adamw"
     assert resolved["effective_batch"].startswith("4 ")
     assert resolved["gpu_memory"].endswith(("KiB", "MiB"))  # a tiny model's estimate, from its weights on disk
+    assert resolved["checkpoints"].startswith("at least every 10 min")  # the service's safety net
     phases = [(e.phase.phase, e.phase.message) for e in events if e.WhichOneof("event") == "phase"]
     assert [p for p, _ in phases] == [pb.TRAINING_PHASE_ENCODING_TEXT, pb.TRAINING_PHASE_CACHING_LATENTS,
                                       pb.TRAINING_PHASE_LOADING_TRANSFORMER, pb.TRAINING_PHASE_TRAINING,
