@@ -59,6 +59,7 @@ class JobManager:
                   "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
                   "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every,
                   "checkpoint_minutes": self.checkpoint_minutes,
+                  "encode_cache_dir": str(self.store.root.parent / "encode-cache"),
                   "device": settings.device, "precision": settings.precision, "optimizer": settings.optimizer,
                   "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size,
                   "accumulation": settings.accumulation, "buckets": settings.buckets,

@@ -23,6 +23,7 @@ import torch
 
 from diffusion_kit.families import FAMILIES, FamilySpec
 from training_service import aspect_buckets
+from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.denoiser_setup import DTYPES, load_denoiser
 from training_service.lora_objectives import Batch, objective_for
 
@@ -57,6 +58,7 @@ class RecipeConfig:
     sample_every: int = 0
     sample_prompts: list[str] = field(default_factory=list)
     dataset_fingerprint: str = ""  # dataset.fingerprint: names, sizes, mtimes, captions
+    encode_cache_dir: str = ""  # text-encoder outputs and latents kept between jobs (encode_cache); "" off
 
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed: everything that changes the trajectory."""
@@ -111,13 +113,12 @@ class LoraRecipe:
         self.generator = torch.Generator("cpu").manual_seed(cfg.seed)
         self.state = RunState()
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.cache = EncodeCache(cfg.encode_cache_dir or None)
 
     # ---- setup: text encoders, then the VAE, then the denoiser, each freed before the next loads --------
 
     def setup(self) -> None:
-        self.emit("phase", {"phase": "encoding_text"})
         self.conds, self.negative = self._encode_text()
-        self.emit("phase", {"phase": "caching_latents"})
         self.examples = self._cache_latents()
         self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
@@ -149,51 +150,93 @@ class LoraRecipe:
             self.cfg.base_dir, torch_dtype=self.dtype if self.cfg.device != "cpu" else torch.float32, **components)
 
     def _encode_text(self) -> tuple[dict[str, dict], dict | None]:
-        """Each distinct caption once, the sample prompts, and the negative prompt where sampling uses CFG."""
-        pipe = self._pipeline(**{self.family.denoiser: None, "vae": None})
-        pipe.to(self.cfg.device)
-        wanted = {caption for _, caption in self.cfg.examples} | set(self.cfg.sample_prompts)
-        with torch.no_grad():
-            conds = {text: self._cpu(self.objective.encode_caption(pipe, text, self.cfg.device)) for text in sorted(wanted)}
-            negative = None
-            if self.cfg.sample_every and self._sample_guidance()[1]:
-                negative = self._cpu(self.objective.encode_caption(pipe, self.objective.negative_prompt,
-                                                                   self.cfg.device))
-        del pipe
-        self._free()
-        return conds, negative
+        """Each distinct caption once, the sample prompts, and the negative prompt where sampling uses CFG.
+        The text encoders load only when some text is not in the encode cache."""
+        texts = sorted({caption for _, caption in self.cfg.examples} | set(self.cfg.sample_prompts))
+        negative_text = self.objective.negative_prompt if self.cfg.sample_every and self._sample_guidance()[1] else None
+        wanted = texts + ([negative_text] if negative_text is not None and negative_text not in texts else [])
+        components = component_id(self.cfg.base_dir, self._text_components()) if self.cache.root else ""
+        keep = self._keep_dtype()
+
+        def key(text: str) -> dict:
+            return {"objective": type(self.objective).__name__, "components": components, "text": text,
+                    "dtype": str(keep)}
+
+        found = {text: self.cache.get("text", key(text)) for text in wanted}
+        missing = [text for text in wanted if found[text] is None]
+        self.emit("phase", {"phase": "encoding_text", "message": self._cache_note(len(wanted), len(missing), "texts")})
+        if missing:
+            pipe = self._pipeline(**{self.family.denoiser: None, "vae": None})
+            pipe.to(self.cfg.device)
+            with torch.no_grad():
+                for text in missing:
+                    found[text] = self._cpu(self.objective.encode_caption(pipe, text, self.cfg.device))
+                    self.cache.put("text", key(text), found[text])
+            del pipe
+            self._free()
+        return {text: found[text] for text in texts}, (found[negative_text] if negative_text is not None else None)
+
+    def _cache_note(self, total: int, encoded: int, what: str) -> str:
+        if self.cache.root is None:
+            return f"{total} {what}, no encode cache"
+        return f"{total} {what}: {total - encoded} from the encode cache, {encoded} encoded"
+
+    def _keep_dtype(self) -> torch.dtype:
+        return torch.float32 if self.cfg.device == "cpu" else self.dtype
 
     def _cpu(self, cond: dict) -> dict:
         """Kept on the CPU in the dtype the step feeds the model (a FLUX caption is 512 x 4096 values)."""
-        keep = torch.float32 if self.cfg.device == "cpu" else self.dtype
+        keep = self._keep_dtype()
         return {k: v.detach().to("cpu", keep) if v.is_floating_point() else v.detach().cpu() for k, v in cond.items()}
 
     def _cache_latents(self) -> list[Example]:
+        """One latent per image at its crop. The VAE loads only when some image is not in the encode cache."""
         import diffusers
-        import numpy as np
         from PIL import Image
 
         vae_dtype = torch.float32 if self.cfg.device == "cpu" or self.family.key == "sdxl" else self.dtype
-        vae = getattr(diffusers, self.objective.vae_class).from_pretrained(
-            self.cfg.base_dir, subfolder="vae", torch_dtype=vae_dtype).to(self.cfg.device)
+        vae_id = component_id(self.cfg.base_dir, ["vae"]) if self.cache.root else ""
         sizes = aspect_buckets.bucket_sizes(self.cfg.resolution)
-        out = []
+        planned = []
         for path, caption in self.cfg.examples:
-            with Image.open(path) as opened:
-                image = opened.convert("RGB")
+            with Image.open(path) as opened:  # the header only: the size decides the crop
+                width, height = opened.size
             square = (self.cfg.resolution, self.cfg.resolution)
-            target = aspect_buckets.nearest_bucket(image.width, image.height, sizes) if self.cfg.buckets else square
-            resize, box = aspect_buckets.crop_box(image.width, image.height, target)
-            cropped = image.resize(resize, Image.Resampling.BICUBIC).crop(box)
-            pixels = torch.from_numpy(np.asarray(cropped, dtype=np.float32).copy()).permute(2, 0, 1)
-            pixels = (pixels / 127.5 - 1).unsqueeze(0).to(self.cfg.device, vae_dtype)
-            with torch.no_grad():
-                latent = self.objective.encode_image(vae, pixels)[0].float().cpu()
-            geometry = (image.height, image.width, box[1], box[0], target[1], target[0])
+            target = aspect_buckets.nearest_bucket(width, height, sizes) if self.cfg.buckets else square
+            resize, box = aspect_buckets.crop_box(width, height, target)
+            key = {"objective": type(self.objective).__name__, "vae": vae_id, "image": file_fingerprint(path),
+                   "resize": resize, "box": box, "dtype": str(vae_dtype)}
+            found = self.cache.get("latents", key)
+            planned.append((path, caption, (height, width, box[1], box[0], target[1], target[0]), target, resize,
+                            box, key, found["latent"] if found else None))
+        missing = sum(1 for *_, latent in planned if latent is None)
+        self.emit("phase", {"phase": "caching_latents", "message": self._cache_note(len(planned), missing, "images")})
+        vae = None
+        if missing:
+            vae = getattr(diffusers, self.objective.vae_class).from_pretrained(
+                self.cfg.base_dir, subfolder="vae", torch_dtype=vae_dtype).to(self.cfg.device)
+        out = []
+        for path, caption, geometry, target, resize, box, key, latent in planned:
+            if latent is None:
+                latent = self._encode_image(vae, vae_dtype, path, resize, box)
+                self.cache.put("latents", key, {"latent": latent})
             out.append(Example(latent, caption, geometry, target))
-        del vae
-        self._free()
+        if vae is not None:
+            del vae
+            self._free()
         return out
+
+    def _encode_image(self, vae, vae_dtype: torch.dtype, path: str, resize, box) -> torch.Tensor:
+        import numpy as np
+        from PIL import Image
+
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+        cropped = image.resize(resize, Image.Resampling.BICUBIC).crop(box)
+        pixels = torch.from_numpy(np.asarray(cropped, dtype=np.float32).copy()).permute(2, 0, 1)
+        pixels = (pixels / 127.5 - 1).unsqueeze(0).to(self.cfg.device, vae_dtype)
+        with torch.no_grad():
+            return self.objective.encode_image(vae, pixels)[0].float().cpu()
 
     def _free(self) -> None:
         import gc

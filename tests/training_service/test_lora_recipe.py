@@ -174,3 +174,32 @@ def test_checkpoints_by_step_count_and_by_time(tiny_models, examples, tmp_path, 
         checkpoint_dir=tmp_path / "ckpt")
     assert [d["step"] for k, d in events if k == "checkpoint"] == saved_at
     assert (tmp_path / "ckpt" / "identity.json").is_file() == bool(saved_at)
+
+
+def test_a_rerun_reads_texts_and_latents_from_the_encode_cache(tiny_models, examples, tmp_path):
+    import os
+    import shutil
+
+    copied = []
+    for i, (path, caption) in enumerate(examples):
+        copied.append((str(shutil.copy(path, tmp_path / f"img{i}.png")), caption))
+    cache = str(tmp_path / "cache")
+
+    def notes(events):
+        return {d["phase"]: d.get("message") for kind, d in events if kind == "phase"}
+
+    plain = run(config(tiny_models, copied))
+    runs = [[], [], []]
+    first = run(config(tiny_models, copied, encode_cache_dir=cache), runs[0])
+    second = run(config(tiny_models, copied, encode_cache_dir=cache), runs[1])
+    assert notes(runs[0])["encoding_text"] == "4 texts: 0 from the encode cache, 4 encoded"
+    assert notes(runs[0])["caching_latents"] == "4 images: 0 from the encode cache, 4 encoded"
+    assert notes(runs[1])["encoding_text"] == "4 texts: 4 from the encode cache, 0 encoded"
+    assert notes(runs[1])["caching_latents"] == "4 images: 4 from the encode cache, 0 encoded"
+    assert plain.state.losses == first.state.losses == second.state.losses  # the cache changes nothing
+
+    stat = os.stat(copied[0][0])  # an edited image is encoded again; the rest still come from the cache
+    os.utime(copied[0][0], ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    run(config(tiny_models, copied, encode_cache_dir=cache, resolution=64), runs[2])
+    assert notes(runs[2])["caching_latents"] == "4 images: 3 from the encode cache, 1 encoded"
+    assert notes(runs[2])["encoding_text"] == "4 texts: 4 from the encode cache, 0 encoded"
