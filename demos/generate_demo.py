@@ -17,6 +17,7 @@ import grpc
 from diffusion.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
+from gpu_broker.inventory import format_bytes
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import ROOT, start_service
 
@@ -124,7 +125,8 @@ def main() -> int:
             print("\nBroker leases now:")
             for lease in state.leases:
                 print(f"  {lease.lease_id} {lease.holder.client_id} device {lease.device_index} "
-                      f"{lease.memory_bytes / 2**30:.1f} GiB ({lease.holder.purpose})")
+                      f"{format_bytes(lease.memory_bytes) if lease.memory_bytes else 'whole device'} "
+                      f"({lease.holder.purpose})")
             stub.Unload(pb.UnloadRequest(model_id="demo-zimage"))
             deadline = time.monotonic() + 10  # the trainer's lease goes back when its child process has exited
             while broker_stub.Status(broker_pb2.StatusRequest()).state.leases and time.monotonic() < deadline:
