@@ -57,9 +57,14 @@ async def _main(args: argparse.Namespace) -> None:
         from gpu_broker.client import BrokerClient
 
         broker = BrokerClient(args.broker)
+    probe_free = None
+    if caps.device_kind == "cuda":  # AUTO and the memory note read the device as it is at each request
+        import torch
+
+        probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
                                            args.client_id, args.compile_backend, args.drain_timeout,
-                                           args.checkpoint_minutes)
+                                           args.checkpoint_minutes, probe_free)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)

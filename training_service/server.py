@@ -9,7 +9,8 @@ SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_
 
 async def create_training_server(listen: str, caps, output_root, adapter_store_root, broker=None,
                                  client_id: str = "training-0", compile_backend: str = "inductor",
-                                 drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0) -> RunningServer:
+                                 drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0,
+                                 probe_free_memory=None) -> RunningServer:
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.servicer import TrainingServicer
@@ -18,7 +19,8 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
                       checkpoint_minutes)
 
     def register(server):
-        training_pb2_grpc.add_TrainingServiceServicer_to_server(TrainingServicer(caps, output_root, jobs), server)
+        servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory)
+        training_pb2_grpc.add_TrainingServiceServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 
     running = await create_server(listen, register)

@@ -15,19 +15,23 @@ from training_service.start_preflight import preflight
 
 
 class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
-    def __init__(self, caps, output_root, jobs: JobManager):
+    def __init__(self, caps, output_root, jobs: JobManager, probe_free_memory=None):
         self.caps = caps
+        self._probe_free = probe_free_memory  # free device bytes now; AUTO and the memory note use it
         self.output_root = output_root
         self.jobs = jobs
         self.adapters = AdapterStore(jobs.adapter_store_root)
 
+    def _caps_now(self):
+        return self.caps.with_free(self._probe_free()) if self._probe_free else self.caps
+
     async def GetTrainingInfo(self, request, context):
-        return training_info(self.caps, FAMILIES.values())
+        return training_info(self._caps_now(), FAMILIES.values())
 
     async def StartTraining(self, request, context):
         # Off the event loop: decoding every dataset image, or fetching a hub base's index, takes a while,
         # and watchers of other jobs must not wait behind it.
-        checked = await asyncio.to_thread(preflight, request, self.caps, self.output_root)
+        checked = await asyncio.to_thread(preflight, request, self._caps_now(), self.output_root)
         record = await self.jobs.start(request, checked)
         return pb.StartTrainingResponse(job_id=record.job_id, job=convert.job(record))
 

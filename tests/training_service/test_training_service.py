@@ -144,3 +144,28 @@ def test_preflight_sizes_the_job_from_its_weights_and_shape(tiny_models, dataset
     with pytest.raises(FailedPrecondition, match="a 64 MiB GPU has 64.0 MiB in all") as e:
         preflight(req, small_gpu, tmp_path)
     assert e.value.reason == "NEVER_FITS" and "gradient_checkpointing=true" in str(e.value)
+
+
+def test_auto_and_the_memory_note_read_free_memory_at_each_request(tmp_path):
+    """Not the free memory of the service's start: a model that became resident since then counts."""
+    import asyncio
+
+    from diffusion_kit.host_caps import HostCaps
+    from training_service.job_store import JobStore
+    from training_service.jobs import JobManager
+    from training_service.servicer import TrainingServicer
+
+    gib = 2**30
+    h200 = HostCaps("cuda", "NVIDIA H200", 141 * gib, 139 * gib, (9, 0), native_bf16=True, torchao=True,
+                    bitsandbytes=True)
+    free = {"now": 139 * gib}
+    servicer = TrainingServicer(h200, tmp_path, JobManager(JobStore(tmp_path / "jobs"), tmp_path / "adapters"),
+                                probe_free_memory=lambda: free["now"])
+
+    def flux():
+        info = asyncio.run(servicer.GetTrainingInfo(pb.GetTrainingInfoRequest(), None))
+        return next(f for f in info.families if f.family == c.FAMILY_FLUX1)
+
+    assert flux().recommended_precision == c.PRECISION_BF16 and "139.0 GiB free" in flux().memory_note
+    free["now"] = 20 * gib  # an inference model is resident now
+    assert flux().recommended_precision == c.PRECISION_NF4 and "20.0 GiB free" in flux().memory_note
