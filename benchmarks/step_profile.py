@@ -1,0 +1,133 @@
+"""Where an eager training step's time goes: the recipe's loop against bare loops over the same model.
+
+The service's eager bf16 step ran at 0.84x (Z-Image) and 0.70x (FLUX) of the shared baseline probe's on an
+H200 (docs/bench/training.md). This splits that gap. After one recipe setup, in one process, it times:
+
+- `recipe`: the recipe's own loop (`LoraRecipe.train`): fresh noise and batches, clipping, the
+  schedule, and the step event with its two host syncs;
+- `bare-synced`: the same model, optimizer and objective on one fixed batch, reading the loss every step;
+- `bare`: the same, with no host sync until the end, as the baseline probe does.
+
+If `bare` is as slow as `recipe`, the gap lies in the model or its inputs. If it is as fast as the probe,
+it lies in the loop. On a GPU it also records how much of each step's wall time the GPU was busy, from a
+torch.profiler trace of a few steps.
+
+    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--steps 30] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_record import Recorder, host_description
+from benchmarks.training_bench import CAPTION, RESOLUTION, make_dataset
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def gpu_busy_share(fn, steps: int) -> float | None:
+    """The share of wall time that CUDA kernels ran, over `steps` calls of fn (None without a GPU)."""
+    if not torch.cuda.is_available():
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        _sync()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
+    return busy_us / 1e6 / wall
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=list(RESOLUTION), required=True)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/training-bench"))
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+    from training_service.lora_recipe import LoraRecipe, RecipeConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolution = 64 if args.tiny else RESOLUTION[args.family]
+    base_dir = args.workdir / (("tiny-" if args.tiny else "full-") + args.family)
+    if args.tiny:
+        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+
+        if not (base_dir / "model_index.json").exists():
+            save_tiny_pipeline(args.family, base_dir)
+    else:
+        from benchmarks.full_size_pipelines import save_full_size
+
+        save_full_size(args.family, base_dir)
+    data = make_dataset(args.workdir / f"data-{resolution}", resolution)
+    examples = [(str(f), CAPTION) for f in sorted(data.glob("*.png"))]
+    record = Recorder("step-profile", args.out, args.family, "python -m benchmarks.step_profile " + " ".join(sys.argv[1:]),
+                      host_description())
+    steps = args.steps
+    cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
+                       steps=steps + 5, resolution=resolution, seed=0, device=device,
+                       precision=args.precision if device == "cuda" else "fp32")
+    recipe = LoraRecipe(cfg)
+    recipe.setup()
+    mode = f"{cfg.precision}-eager"
+
+    # the recipe's loop: five steps of warm-up, then the timed ones
+    recipe.cfg.steps = 5
+    recipe.train()
+    _sync()
+    t0 = time.perf_counter()
+    recipe.cfg.steps = 5 + steps
+    recipe.train()
+    _sync()
+    record(mode, "recipe_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
+
+    batch = recipe._batch(0)
+    x_t, t, target = recipe.objective.noisy(batch.x0, recipe.generator)
+    x_t, t = x_t.to(device, recipe.dtype), recipe._to_device(t)
+    cond, target = recipe._cond_to_device(batch.cond), target.to(device)
+
+    def bare_step() -> torch.Tensor:
+        with recipe._context():
+            pred = recipe.objective.predict(recipe.model, x_t, t, cond, batch)
+            loss = torch.nn.functional.mse_loss(pred.float(), target.float())
+        loss.backward()
+        recipe.optimizer.step()
+        recipe.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for name, synced in (("bare_synced", True), ("bare", False)):
+        for _ in range(3):
+            bare_step()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = bare_step()
+            if synced:
+                float(loss)
+        _sync()
+        record(mode, f"{name}_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
+
+    recipe.cfg.steps = recipe.state.step + 3
+    for name, fn in (("recipe", lambda: recipe.train()), ("bare", bare_step)):
+        share = gpu_busy_share(fn, 1 if name == "recipe" else 3)
+        if share is not None:
+            record(mode, f"{name}_gpu_busy_share", share, "fraction",
+                   note="CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)")
+
+
+if __name__ == "__main__":
+    main()
