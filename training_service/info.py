@@ -5,7 +5,8 @@ from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
-from training_service.precision_policy import GiB, HEADROOM, MODES, advertised, auto_pick, name, training_bytes, why_not
+from training_service.precision_policy import (GiB, HEADROOM, MODES, StepShape, advertised, auto_pick, name,
+                                               training_bytes, why_not)
 
 # The resolutions the step rates in DESIGN.md were measured at.
 DEFAULT_RESOLUTION = {"flux1": 512, "zimage": 768, "qwen_image": 768, "sdxl": 1024}
@@ -37,13 +38,15 @@ def memory_note(caps: HostCaps, family: FamilySpec) -> str:
         return f"{family.display} trains its U-Net in {dtype} on {caps.device_name}; base_precision is ignored"
     if caps.device_kind != "cuda":
         return f"no CUDA GPU ({caps.device_name}): trains in fp32 only, slowly"
-    parts = [f"{caps.free_bytes / GiB:.1f} GiB free on {caps.device_name}"]
+    parts = [f"{caps.free_bytes / GiB:.1f} GiB free on {caps.device_name}; estimates at "
+             f"{DEFAULT_RESOLUTION[family.key]} px, batch 1, with headroom (they grow with pixels and batch)"]
     for mode in MODES:
         reason = why_not(mode, caps, family)
         if reason:
             parts.append(f"{name(mode)} unavailable: {reason}")
         else:
-            parts.append(f"{name(mode)} needs about {training_bytes(family, mode) * HEADROOM / GiB:.0f} GiB")
+            shape = StepShape(DEFAULT_RESOLUTION[family.key])
+            parts.append(f"{name(mode)} needs about {training_bytes(family, mode, shape=shape) * HEADROOM / GiB:.0f} GiB")
     return "; ".join(parts)
 
 
