@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_record import Recorder, host_description
-from benchmarks.training_bench import CAPTION, RESOLUTION, make_dataset
+from benchmarks.training_bench import CAPTION, RESOLUTION, ensure_base, make_dataset
 
 
 def _sync() -> None:
@@ -63,16 +63,7 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     resolution = 64 if args.tiny else RESOLUTION[args.family]
-    base_dir = args.workdir / (("tiny-" if args.tiny else "full-") + args.family)
-    if args.tiny:
-        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
-
-        if not (base_dir / "model_index.json").exists():
-            save_tiny_pipeline(args.family, base_dir)
-    else:
-        from benchmarks.full_size_pipelines import save_full_size
-
-        save_full_size(args.family, base_dir)
+    base_dir = ensure_base(args.workdir, args.family, args.tiny)
     data = make_dataset(args.workdir / f"data-{resolution}", resolution)
     examples = [(str(f), CAPTION) for f in sorted(data.glob("*.png"))]
     record = Recorder("step-profile", args.out, args.family, "python -m benchmarks.step_profile " + " ".join(sys.argv[1:]),

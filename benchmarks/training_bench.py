@@ -49,6 +49,21 @@ CAPTION = ("a weathered lighthouse on a basalt cliff at dusk, waves breaking bel
            "oil painting with thick brush strokes")
 
 
+def ensure_base(workdir: Path, family: str, tiny: bool) -> Path:
+    """The tiny or the full-size random-weight pipeline under workdir, built once."""
+    base_dir = workdir / (("tiny-" if tiny else "full-") + family)
+    if tiny:
+        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+
+        if not (base_dir / "model_index.json").exists():
+            save_tiny_pipeline(family, base_dir)
+    else:
+        from benchmarks.full_size_pipelines import save_full_size
+
+        save_full_size(family, base_dir)
+    return base_dir
+
+
 def make_dataset(directory: Path, resolution: int, n: int = 4) -> Path:
     import numpy as np
     from PIL import Image
@@ -165,17 +180,8 @@ def main() -> None:
     command = "python -m benchmarks.training_bench " + " ".join(sys.argv[1:])
     record = Recorder("training", args.out, args.family, command, host_description())
     resolution = args.resolution or (64 if args.tiny else RESOLUTION[args.family])
-    base_dir = args.workdir / (("tiny-" if args.tiny else "full-") + args.family)
     t0 = time.perf_counter()
-    if args.tiny:
-        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
-
-        if not (base_dir / "model_index.json").exists():
-            save_tiny_pipeline(args.family, base_dir)
-    else:
-        from benchmarks.full_size_pipelines import save_full_size
-
-        save_full_size(args.family, base_dir)
+    base_dir = ensure_base(args.workdir, args.family, args.tiny)
     print(f"pipeline ready in {time.perf_counter() - t0:.0f} s", flush=True)
     data_dir = make_dataset(args.workdir / f"data-{resolution}", resolution)
     broker = None if args.no_broker else start_service("gpu_broker", timeout=120)
