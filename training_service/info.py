@@ -38,14 +38,14 @@ def memory_note(caps: HostCaps, family: FamilySpec) -> str:
         return f"{family.display} trains its U-Net in {dtype} on {caps.device_name}; base_precision is ignored"
     if caps.device_kind != "cuda":
         return f"no CUDA GPU ({caps.device_name}): trains in fp32 only, slowly"
+    shape = StepShape(DEFAULT_RESOLUTION[family.key])
     parts = [f"{caps.free_bytes / GiB:.1f} GiB free on {caps.device_name}; estimates at "
-             f"{DEFAULT_RESOLUTION[family.key]} px, batch 1, with headroom (they grow with pixels and batch)"]
+             f"{shape.resolution} px, batch 1, with headroom (they grow with pixels and batch)"]
     for mode in MODES:
         reason = why_not(mode, caps, family)
         if reason:
             parts.append(f"{name(mode)} unavailable: {reason}")
         else:
-            shape = StepShape(DEFAULT_RESOLUTION[family.key])
             parts.append(f"{name(mode)} needs about {training_bytes(family, mode, shape=shape) * HEADROOM / GiB:.0f} GiB")
     return "; ".join(parts)
 

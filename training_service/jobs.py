@@ -29,8 +29,10 @@ STDERR_TAIL = 2000
 
 class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
-                 compile_backend: str = "inductor", checkpoint_minutes: float = 10.0):
+                 compile_backend: str = "inductor", checkpoint_minutes: float = 10.0,
+                 encode_cache_dir: Path | None = None):
         self.store = store
+        self.encode_cache_dir = encode_cache_dir  # text encodings and latents shared by the jobs; None off
         self.checkpoint_minutes = checkpoint_minutes  # the safety net under every job, whatever it asks
         self.compile_backend = compile_backend
         self.adapter_store_root = adapter_store_root
@@ -59,7 +61,7 @@ class JobManager:
                   "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
                   "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every,
                   "checkpoint_minutes": self.checkpoint_minutes,
-                  "encode_cache_dir": str(self.store.root.parent / "encode-cache"),
+                  "encode_cache_dir": str(self.encode_cache_dir or ""),
                   "device": settings.device, "precision": settings.precision, "optimizer": settings.optimizer,
                   "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size,
                   "accumulation": settings.accumulation, "buckets": settings.buckets,

@@ -16,7 +16,7 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
     from training_service.servicer import TrainingServicer
 
     jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend,
-                      checkpoint_minutes)
+                      checkpoint_minutes, encode_cache_dir=output_root / "encode-cache")
 
     def register(server):
         servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory)

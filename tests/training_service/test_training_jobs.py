@@ -153,6 +153,9 @@ def test_stopped_job_resumes_bit_identically(service, tiny_models, dirs):
     resumed = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=resumed_id), timeout=120))
     assert resumed[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
     assert losses(first) + losses(resumed) == losses(straight)
+    notes = {e.phase.phase: e.phase.message for e in resumed if e.WhichOneof("event") == "phase"}
+    assert "0 encoded" in notes[pb.TRAINING_PHASE_ENCODING_TEXT]  # the service's encode cache served the rerun
+    assert "0 encoded" in notes[pb.TRAINING_PHASE_CACHING_LATENTS]
     assert [s for s, _ in losses(resumed)] == list(range(reached + 1, 7))
     store = AdapterStore(dirs["adapters"])
     a, b = (load_file(store.path(i) / "pytorch_lora_weights.safetensors") for i in ("straight", "resumed"))
