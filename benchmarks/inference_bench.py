@@ -35,6 +35,7 @@ MODES: dict[str, dict] = {
     "bf16-default": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
     "fp8-default": dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "int8-default": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "int8-off": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_OFF),
     "auto-default": dict(transformer_precision=c.PRECISION_AUTO, speed_mode=c.SPEED_MODE_DEFAULT),
     "nf4-off": dict(transformer_precision=c.PRECISION_NF4, speed_mode=c.SPEED_MODE_OFF),
     "fp16-off": dict(compute_precision=c.PRECISION_FP16, speed_mode=c.SPEED_MODE_OFF),

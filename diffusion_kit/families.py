@@ -40,6 +40,13 @@ class FamilySpec:
     denied_precisions: frozenset[int] = frozenset()
     # How many text tokens the default pipeline call encodes (for per-step FLOP estimates).
     max_sequence_length: int = 512
+    # Name fragments of the denoiser's Linear layers that see one row per sample, not per token: the
+    # timestep/guidance/pooled-text embedders and the AdaLN modulation projections. int8's dynamic-activation
+    # matmul needs more than 16 rows, and a one-row product is bound by reading the weight anyway.
+    per_sample_linears: tuple[str, ...] = ()
+
+    def is_per_sample(self, fqn: str) -> bool:
+        return any(fragment in fqn for fragment in self.per_sample_linears)
 
     @property
     def dense_bytes(self) -> int:
@@ -54,7 +61,8 @@ FAMILIES: dict[str, FamilySpec] = {
         fp16_incompatible=False, default_steps=28, default_guidance=3.5, default_resolution=1024,
         lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
         denoiser_bytes=int(11.9e9 * 2), companions_bytes=int((4.76e9 + 0.12e9 + 0.08e9) * 2),
-        default_repo="black-forest-labs/FLUX.1-dev"),
+        default_repo="black-forest-labs/FLUX.1-dev",
+        per_sample_linears=("time_text_embed.", "norm1.linear", "norm1_context.linear", "norm.linear", "norm_out.linear")),
     "zimage": FamilySpec(
         key="zimage", proto=common_pb2.FAMILY_ZIMAGE, display="Z-Image", pipeline_class="ZImagePipeline",
         denoiser="transformer", denoiser_class="ZImageTransformer2DModel",
@@ -62,7 +70,7 @@ FAMILIES: dict[str, FamilySpec] = {
         fp16_incompatible=True, default_steps=9, default_guidance=0.0, default_resolution=1024,
         lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
         denoiser_bytes=int(6.15e9 * 2), companions_bytes=int((4.02e9 + 0.08e9) * 2),
-        default_repo="Tongyi-MAI/Z-Image-Turbo"),
+        default_repo="Tongyi-MAI/Z-Image-Turbo", per_sample_linears=("t_embedder.", "adaLN_modulation.")),
     "qwen_image": FamilySpec(
         key="qwen_image", proto=common_pb2.FAMILY_QWEN_IMAGE, display="Qwen-Image", pipeline_class="QwenImagePipeline",
         denoiser="transformer", denoiser_class="QwenImageTransformer2DModel",
@@ -71,6 +79,7 @@ FAMILIES: dict[str, FamilySpec] = {
         lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
         denoiser_bytes=int(20.4e9 * 2), companions_bytes=int((8.3e9 + 0.13e9) * 2),
         default_repo="Qwen/Qwen-Image",
+        per_sample_linears=("time_text_embed.", "img_mod.", "txt_mod.", "norm_out.linear"),
         denied_precisions=frozenset({common_pb2.PRECISION_FP8, common_pb2.PRECISION_MXFP8})),
     "sdxl": FamilySpec(
         key="sdxl", proto=common_pb2.FAMILY_SDXL, display="SDXL", pipeline_class="StableDiffusionXLPipeline",
@@ -79,7 +88,8 @@ FAMILIES: dict[str, FamilySpec] = {
         fp16_incompatible=False, default_steps=30, default_guidance=5.0, default_resolution=1024,
         lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
         denoiser_bytes=int(2.57e9 * 2), companions_bytes=int((0.12e9 + 0.69e9 + 0.08e9) * 2),
-        default_repo="stabilityai/stable-diffusion-xl-base-1.0", max_sequence_length=77),
+        default_repo="stabilityai/stable-diffusion-xl-base-1.0", max_sequence_length=77,
+        per_sample_linears=("time_embedding.", "add_embedding.", "time_emb_proj")),
 }
 
 BY_PROTO = {spec.proto: spec for spec in FAMILIES.values()}

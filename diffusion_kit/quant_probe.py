@@ -57,6 +57,20 @@ def scheme_config(scheme: str, *, device_kind: str, fast_accum: bool = False):
     raise ValueError(f"unknown scheme {scheme!r}")
 
 
+def per_sample_config(scheme: str, *, device_kind: str):
+    """The config for the layers that see one row per sample, where it differs from scheme_config's.
+
+    int8's dynamic-activation matmul (torch._int_mm) needs more than 16 rows and fails under compile on
+    a batch-1 timestep or modulation projection; weight-only int8 keeps those layers' memory saving, and a
+    one-row product is bound by reading the weight, which int8 halves either way. None: no difference.
+    """
+    if scheme == "int8" and device_kind == "cuda":
+        from torchao.quantization import Int8WeightOnlyConfig
+
+        return Int8WeightOnlyConfig()
+    return None
+
+
 def text_encoder_config(scheme: str):
     """Weight-only configs for the text encoder: best effort, memory first."""
     if scheme == "fp8":

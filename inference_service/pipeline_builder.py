@@ -127,23 +127,33 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
     import torch
     from torchao.quantization import quantize_
 
-    from diffusion_kit.quant_probe import min_feature_filter, scheme_config, text_encoder_config
+    from diffusion_kit.quant_probe import min_feature_filter, per_sample_config, scheme_config, text_encoder_config
 
     out = []
     accept = min_feature_filter(plan.quant_min_features)
-    if plan.quant.transformer in ("int8", "fp8", "mxfp8", "nvfp4"):
-        denoiser = getattr(pipe, plan.family.denoiser)
+    scheme, family = plan.quant.transformer, plan.family
+    if scheme in ("int8", "fp8", "mxfp8", "nvfp4"):
+        denoiser = getattr(pipe, family.denoiser)
         linears = [(n, m) for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
         chosen = sum(1 for n, m in linears if accept(m, n))
         if chosen == 0:
             raise FailedPrecondition(
-                f"no linear layer of this transformer has >= {plan.quant_min_features} features: {plan.quant.transformer} "
+                f"no linear layer of this transformer has >= {plan.quant_min_features} features: {scheme} "
                 "would change nothing", reason="NOTHING_TO_QUANTIZE")
-        cfg = scheme_config(plan.quant.transformer, device_kind="cuda" if plan.device == "cuda" else "cpu",
-                            fast_accum=plan.quant.fp8_fast_accum)
-        quantize_(denoiser, cfg, filter_fn=accept)
+        device_kind = "cuda" if plan.device == "cuda" else "cpu"
+        cfg = scheme_config(scheme, device_kind=device_kind, fast_accum=plan.quant.fp8_fast_accum)
+        reason = f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"
+        per_sample_cfg = per_sample_config(scheme, device_kind=device_kind)
+        if per_sample_cfg is None:
+            quantize_(denoiser, cfg, filter_fn=accept)
+        else:
+            quantize_(denoiser, cfg, filter_fn=lambda m, n: accept(m, n) and not family.is_per_sample(n))
+            quantize_(denoiser, per_sample_cfg, filter_fn=lambda m, n: accept(m, n) and family.is_per_sample(n))
+            weight_only = sum(1 for n, m in linears if accept(m, n) and family.is_per_sample(n))
+            reason += (f"; {weight_only} of them take one row per sample (timestep and modulation projections) "
+                       f"and are weight-only {scheme}: its dynamic-activation matmul needs more than 16 rows")
         out.append(Resolved("transformer_quantized_layers", "", f"{chosen} of {len(linears)}", Source.AUTO,
-                            reason=f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"))
+                            reason=reason))
     if plan.quant.text_encoder:
         for name in ("text_encoder", "text_encoder_2"):
             encoder = getattr(pipe, name, None)
