@@ -21,6 +21,9 @@ class HostCaps:
     torchao_reason: str = ""
     bitsandbytes: bool = False
     bitsandbytes_reason: str = ""
+    # bitsandbytes' 8-bit AdamW stepped on this host's device (probed for the training service only).
+    adamw8bit: bool = False
+    adamw8bit_reason: str = "not probed"
     # Quantisation schemes that passed a quantise+matmul smoke probe on this device, with the failures' reasons.
     quant_schemes: frozenset[str] = frozenset()
     quant_failures: dict[str, str] = field(default_factory=dict)
@@ -102,12 +105,41 @@ def probe_bitsandbytes(device_kind: str) -> tuple[bool, str]:
     return True, ""
 
 
-def probe_host() -> HostCaps:
+def probe_adamw8bit(device_kind: str) -> tuple[bool, str]:
+    """One bitsandbytes AdamW8bit step on a 4096-element tensor (its smallest 8-bit size) of this host's device.
+
+    It passes only when the step moved the weights and kept its state in uint8: bitsandbytes has 8-bit
+    optimizer kernels for CUDA (and ROCm builds), XPU and, since 0.48, the CPU.
+    """
+    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}.get(device_kind)
+    if device is None:
+        return False, f"bitsandbytes has no 8-bit optimizer for {device_kind}"
+    try:
+        import bitsandbytes as bnb
+        import torch
+
+        weight = torch.nn.Parameter(torch.ones(4096, device=device))
+        optimizer = bnb.optim.AdamW8bit([weight], lr=1e-3)
+        weight.grad = torch.full_like(weight, 0.5)
+        optimizer.step()
+        state = optimizer.state[weight]
+        if state["state1"].dtype != torch.uint8 or not bool(torch.isfinite(weight).all()) or bool((weight == 1).all()):
+            return False, "bitsandbytes AdamW8bit ran but did not step with 8-bit states"
+    except Exception as e:
+        return False, f"bitsandbytes AdamW8bit failed a one-step probe: {type(e).__name__}: {e}"[:300]
+    return True, ""
+
+
+def probe_host(optimizers: bool = False) -> HostCaps:
+    """optimizers: also probe the 8-bit optimizer (the training service; the inference service has no use for it)."""
     device = probe_device()
     ao_ok, ao_reason = probe_torchao()
     bnb_ok, bnb_reason = probe_bitsandbytes(device["device_kind"])
     caps = HostCaps(**device, torchao=ao_ok, torchao_reason=ao_reason, bitsandbytes=bnb_ok,
                     bitsandbytes_reason=bnb_reason)
+    if optimizers:
+        ok, reason = probe_adamw8bit(caps.device_kind)
+        caps = replace(caps, adamw8bit=ok, adamw8bit_reason=reason)
     if ao_ok and caps.device_kind in ("cuda", "cpu"):
         from diffusion_kit.quant_probe import smoke_probe_schemes
 

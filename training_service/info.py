@@ -51,5 +51,7 @@ def memory_note(caps: HostCaps, family: FamilySpec) -> str:
 
 
 def training_info(caps: HostCaps, families) -> pb.GetTrainingInfoResponse:
+    optimizers = [pb.OPTIMIZER_ADAMW] + ([pb.OPTIMIZER_ADAMW_8BIT] if caps.adamw8bit else [])
     return pb.GetTrainingInfoResponse(families=[family_info(caps, f) for f in families],
-                                      cpu_only=caps.device_kind == "cpu")
+                                      cpu_only=caps.device_kind == "cpu", optimizers=optimizers,
+                                      adamw_8bit_unavailable_reason="" if caps.adamw8bit else caps.adamw8bit_reason)

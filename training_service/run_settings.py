@@ -56,12 +56,13 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
     if req.optimizer not in (pb.OPTIMIZER_UNSPECIFIED, *OPTIMIZERS):
         raise InvalidArgument(f"optimizer takes ADAMW or ADAMW_8BIT, not {req.optimizer}", reason="BAD_OPTIMIZER")
     optimizer = OPTIMIZERS.get(req.optimizer, "adamw")
-    if optimizer == "adamw8bit" and not (caps.bitsandbytes and device == "cuda"):
-        why = caps.bitsandbytes_reason or f"this host has {caps.device_name}"
-        raise FailedPrecondition(f"OPTIMIZER_ADAMW_8BIT needs bitsandbytes on a CUDA GPU ({why}); use OPTIMIZER_ADAMW",
-                                 reason="OPTIMIZER_UNAVAILABLE")
+    if optimizer == "adamw8bit" and not caps.adamw8bit:
+        raise FailedPrecondition(f"OPTIMIZER_ADAMW_8BIT is unavailable on this host ({caps.adamw8bit_reason}); "
+                                 "use OPTIMIZER_ADAMW", reason="OPTIMIZER_UNAVAILABLE")
     resolved.append(Resolved("optimizer", _name(pb.Optimizer, req.optimizer), optimizer,
-                             Source.EXPLICIT if req.optimizer else Source.DEFAULT))
+                             Source.EXPLICIT if req.optimizer else Source.DEFAULT,
+                             reason="8-bit moments for LoRA tensors of 4096 elements or more, 32-bit below "
+                                    "(bitsandbytes' min_8bit_size)" if optimizer == "adamw8bit" else ""))
 
     if req.lr_schedule not in (pb.LR_SCHEDULE_UNSPECIFIED, *SCHEDULES):
         raise InvalidArgument(f"lr_schedule takes CONSTANT, CONSTANT_WITH_WARMUP, LINEAR or COSINE, not "

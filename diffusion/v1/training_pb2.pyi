@@ -117,12 +117,16 @@ class FamilyTrainingInfo(_message.Message):
     def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., precision_modes: _Optional[_Iterable[_Union[_common_pb2.Precision, str]]] = ..., recommended_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., supports_compile: _Optional[bool] = ..., default_resolution: _Optional[int] = ..., default_rank: _Optional[int] = ..., default_alpha: _Optional[float] = ..., default_learning_rate: _Optional[float] = ..., default_steps: _Optional[int] = ..., memory_note: _Optional[str] = ...) -> None: ...
 
 class GetTrainingInfoResponse(_message.Message):
-    __slots__ = ("families", "cpu_only")
+    __slots__ = ("families", "cpu_only", "optimizers", "adamw_8bit_unavailable_reason")
     FAMILIES_FIELD_NUMBER: _ClassVar[int]
     CPU_ONLY_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZERS_FIELD_NUMBER: _ClassVar[int]
+    ADAMW_8BIT_UNAVAILABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     families: _containers.RepeatedCompositeFieldContainer[FamilyTrainingInfo]
     cpu_only: bool
-    def __init__(self, families: _Optional[_Iterable[_Union[FamilyTrainingInfo, _Mapping]]] = ..., cpu_only: _Optional[bool] = ...) -> None: ...
+    optimizers: _containers.RepeatedScalarFieldContainer[Optimizer]
+    adamw_8bit_unavailable_reason: str
+    def __init__(self, families: _Optional[_Iterable[_Union[FamilyTrainingInfo, _Mapping]]] = ..., cpu_only: _Optional[bool] = ..., optimizers: _Optional[_Iterable[_Union[Optimizer, str]]] = ..., adamw_8bit_unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class Dataset(_message.Message):
     __slots__ = ("image_dir", "instance_prompt", "aspect_ratio_buckets")

@@ -65,6 +65,21 @@ def test_resume_is_bit_identical(tiny_models, examples, tmp_path, family):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_8bit_adamw_keeps_8bit_moments_and_resumes_bit_identically(tiny_models, examples, tmp_path):
+    # Rank 128 on the tiny 32-wide layers gives 4096-element LoRA tensors: bitsandbytes' smallest 8-bit size.
+    kw = {"optimizer": "adamw8bit", "rank": 128, "alpha": 128.0}
+    straight = run(config(tiny_models, examples, **kw))
+    moments = [state["state1"] for state in straight.optimizer.state.values()]
+    assert moments and all(m.dtype == torch.uint8 for m in moments)
+    first = run(config(tiny_models, examples, **kw), stop_after=3)
+    resumed = run(config(tiny_models, examples, **kw), resume_from=first.save_checkpoint(tmp_path / "ckpt"))
+    assert resumed.state.losses == straight.state.losses
+    a, b = straight.lora_state(), resumed.lora_state()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    plain = run(config(tiny_models, examples, rank=128, alpha=128.0))
+    assert plain.state.losses[:1] == straight.state.losses[:1] and plain.state.losses != straight.state.losses
+
+
 def test_buckets_keep_shapes_and_batches_hold_one_bucket(tiny_models, examples):
     recipe = LoraRecipe(config(tiny_models, examples, buckets=True, batch_size=2))
     recipe.setup()

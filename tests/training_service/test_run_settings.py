@@ -1,4 +1,6 @@
 """Table tests of what a StartTraining request resolves to, per host (HostCaps built by hand)."""
+from dataclasses import replace
+
 import pytest
 
 from diffusion.v1 import common_pb2 as c
@@ -10,6 +12,7 @@ from tests.training_service.test_precision_policy import CPU, H200, H200_NO_BNB
 from training_service.run_settings import resolve_run
 
 Z, SDXL = FAMILIES["zimage"], FAMILIES["sdxl"]
+CPU_8BIT = replace(CPU, adamw8bit=True, adamw8bit_reason="")  # bitsandbytes >= 0.48 steps 8-bit AdamW on the CPU
 
 
 def precision(applied):
@@ -43,16 +46,18 @@ def test_fp8_eager_says_it_is_slow():
     assert "SPEED_MODE_DEFAULT" in by_control(run(applied="PRECISION_FP8"))["speed_mode"].reason
 
 
-@pytest.mark.parametrize("fields, optimizer, schedule", [
-    ({}, "adamw", "constant_with_warmup"),
-    ({"optimizer": pb.OPTIMIZER_ADAMW_8BIT, "lr_schedule": pb.LR_SCHEDULE_COSINE}, "adamw8bit", "cosine"),
-    ({"lr_schedule": pb.LR_SCHEDULE_LINEAR, "warmup_steps": 10}, "adamw", "linear"),
-    ({"lr_schedule": pb.LR_SCHEDULE_CONSTANT}, "adamw", "constant"),
+@pytest.mark.parametrize("caps, fields, optimizer, schedule", [
+    (H200, {}, "adamw", "constant_with_warmup"),
+    (H200, {"optimizer": pb.OPTIMIZER_ADAMW_8BIT, "lr_schedule": pb.LR_SCHEDULE_COSINE}, "adamw8bit", "cosine"),
+    (CPU_8BIT, {"optimizer": pb.OPTIMIZER_ADAMW_8BIT}, "adamw8bit", "constant_with_warmup"),
+    (H200, {"lr_schedule": pb.LR_SCHEDULE_LINEAR, "warmup_steps": 10}, "adamw", "linear"),
+    (H200, {"lr_schedule": pb.LR_SCHEDULE_CONSTANT}, "adamw", "constant"),
 ])
-def test_optimizer_and_schedule(fields, optimizer, schedule):
-    settings = run(**fields)
+def test_optimizer_and_schedule(caps, fields, optimizer, schedule):
+    settings = run(caps, Z, "PRECISION_FP32" if caps is CPU_8BIT else "PRECISION_BF16", **fields)
     assert (settings.optimizer, settings.lr_schedule) == (optimizer, schedule)
     assert by_control(settings)["lr_schedule"].applied.startswith(schedule)
+    assert ("min_8bit_size" in by_control(settings)["optimizer"].reason) == (optimizer == "adamw8bit")
 
 
 @pytest.mark.parametrize("caps, fields, error, reason", [
@@ -73,6 +78,12 @@ def test_refusals(caps, fields, error, reason):
     assert e.value.reason == reason
 
 
+def test_8bit_refusal_says_what_the_probe_found():
+    with pytest.raises(FailedPrecondition) as e:
+        run(H200_NO_BNB, optimizer=pb.OPTIMIZER_ADAMW_8BIT)
+    assert "one-step probe: ImportError" in str(e.value) and "OPTIMIZER_ADAMW" in str(e.value)
+
+
 @pytest.mark.parametrize("fields, every, prompts", [
     ({}, 0, ()),
     ({"sample_every": 50}, 50, ("first caption",)),
@@ -87,3 +98,11 @@ def test_sdxl_keeps_its_native_dtype_and_batches_default_to_one():
     settings = run(H200, SDXL, "PRECISION_BF16", dataset=pb.Dataset(aspect_ratio_buckets=True))
     assert (settings.precision, settings.batch_size, settings.accumulation, settings.buckets) == ("bf16", 1, 1, True)
     assert by_control(settings)["attention"].applied.startswith("flash")
+
+
+def test_adamw8bit_probe_steps_on_this_cpu_and_names_what_it_cannot_run():
+    from diffusion_kit.host_caps import probe_adamw8bit
+
+    assert probe_adamw8bit("cpu") == (True, "")
+    ok, why = probe_adamw8bit("mps")
+    assert not ok and "mps" in why

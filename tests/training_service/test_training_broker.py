@@ -5,6 +5,7 @@ import subprocess
 import grpc
 import pytest
 
+from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
@@ -29,7 +30,7 @@ def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, t
     holder = broker.granted("inference-0", priority=0)
     for bad in (request(tiny_models, dirs, dataset=pb.Dataset(image_dir=str(tmp_path / "none"))),
                 request(tiny_models, dirs, base_precision=5), request(tiny_models, dirs, rank=-1),
-                request(tiny_models, dirs, optimizer=pb.OPTIMIZER_ADAMW_8BIT),  # no bitsandbytes GPU here
+                request(tiny_models, dirs, base_precision=c.PRECISION_FP8),  # fp8 needs CUDA: FAILED_PRECONDITION
                 request(tiny_models, dirs, batch_size=1000), request(tiny_models, dirs, lr_schedule=42),
                 request(tiny_models, dirs, resume_job_id="job-never-was")):
         with pytest.raises(grpc.RpcError):
