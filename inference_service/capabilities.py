@@ -33,7 +33,7 @@ def family_capabilities(caps: HostCaps, family: FamilySpec) -> pb.FamilyCapabili
             out.compute_precisions.append(value)
     for value in TRANSFORMER:
         try:
-            choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family)
+            choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
         except ServiceError as e:
             out.notes.append(f"{c.Precision.Name(value)}: {e.message}")
             continue

@@ -46,7 +46,9 @@ def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings
     family = source.family
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
     fast = req.fp8_fast_accumulate if req.HasField("fp8_fast_accumulate") else None
-    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family)
+    compiled = (req.speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
+                and req.memory_mode not in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL))
+    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family, compiled=compiled)
     if source.kind == "gguf":
         quant_bits = 4.5  # typical Q4 GGUF; dequantised per matmul
     else:

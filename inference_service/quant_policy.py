@@ -16,6 +16,11 @@ PRECISION_OF = {v: k for k, v in SCHEME_OF.items()}
 # What AUTO tries, best first: fp8 rides the fp8 tensor cores (1340+ TFLOP/s vs 790 bf16 on an H200);
 # int8 is the Ampere-class fallback. The Blackwell microscaling formats stay explicit opt-ins.
 AUTO_ORDER = ("fp8", "int8")
+# Without compile torchao's quantised matmuls run their scaling and casts as separate kernels: on an H200,
+# FLUX int8 with speed mode off took 1176 ms per step against 172 dense (docs/bench/inference.md), and
+# torchao's own fp8 figures without compile are slower than dense too (pytorch/ao#685).
+UNCOMPILED = ("the transformer will run uncompiled (speed_mode OFF, or an offloading memory_mode), where torchao's "
+              "quantised matmuls are slower than dense (FLUX int8 on an H200: 1176 vs 172 ms per step)")
 
 
 @dataclass(frozen=True)
@@ -31,8 +36,9 @@ def _name(value: int) -> str:
 
 
 def resolve_quant(transformer_req: int, text_encoder_req: int, fast_accum_req: bool | None,
-                  caps: HostCaps, family: FamilySpec) -> QuantChoice:
-    transformer, t_res = _transformer(transformer_req, caps, family)
+                  caps: HostCaps, family: FamilySpec, *, compiled: bool) -> QuantChoice:
+    """compiled: whether the request asks for a compiled transformer (AUTO quantises only then)."""
+    transformer, t_res = _transformer(transformer_req, caps, family, compiled)
     text_encoder, te_res = _text_encoder(text_encoder_req, caps)
     records = [t_res, te_res]
     fast = False
@@ -49,7 +55,7 @@ def resolve_quant(transformer_req: int, text_encoder_req: int, fast_accum_req: b
     return QuantChoice(transformer, text_encoder, fast, tuple(records))
 
 
-def _transformer(requested: int, caps: HostCaps, family: FamilySpec) -> tuple[str | None, Resolved]:
+def _transformer(requested: int, caps: HostCaps, family: FamilySpec, compiled: bool) -> tuple[str | None, Resolved]:
     control, asked = "transformer_precision", _name(requested)
     if requested == c.PRECISION_UNSPECIFIED:
         return None, Resolved(control, asked, "dense", Source.DEFAULT, reason="dense at the compute dtype")
@@ -57,6 +63,9 @@ def _transformer(requested: int, caps: HostCaps, family: FamilySpec) -> tuple[st
         if caps.device_kind != "cuda":
             return None, Resolved(control, asked, "dense", Source.AUTO, Status.FELL_BACK,
                                   f"no CUDA device ({caps.device_name}): quantised kernels would only slow it down")
+        if not compiled:
+            return None, Resolved(control, asked, "dense", Source.AUTO,
+                                  reason=f"{UNCOMPILED}; AUTO quantises under SPEED_MODE_DEFAULT or MAX")
         tried = []
         for scheme in AUTO_ORDER:
             if PRECISION_OF[scheme] in family.denied_precisions:
@@ -81,6 +90,9 @@ def _transformer(requested: int, caps: HostCaps, family: FamilySpec) -> tuple[st
     if scheme not in caps.quant_schemes:
         why = caps.quant_failures.get(scheme) or f"{scheme} did not pass the smoke probe"
         raise FailedPrecondition(f"{asked} cannot run here: {why}", reason="PRECISION_UNAVAILABLE")
+    if not compiled and caps.device_kind == "cuda":
+        return scheme, Resolved(control, asked, asked, Source.EXPLICIT,
+                                reason=f"{UNCOMPILED}; it saves memory, and SPEED_MODE_DEFAULT makes it fast")
     return scheme, Resolved(control, asked, asked, Source.EXPLICIT)
 
 

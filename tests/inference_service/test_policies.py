@@ -70,20 +70,27 @@ def test_consumer_gpu_detection(name, consumer):
     assert is_consumer_gpu(name) is consumer
 
 
-@pytest.mark.parametrize("requested, caps, family, scheme, status", [
-    (c.PRECISION_UNSPECIFIED, H200, FLUX, None, Status.APPLIED),
-    (c.PRECISION_AUTO, H200, FLUX, "fp8", Status.APPLIED),
-    (c.PRECISION_AUTO, H200, QWEN, "int8", Status.APPLIED),  # fp8 denied for Qwen-Image
-    (c.PRECISION_AUTO, T4, FLUX, "int8", Status.APPLIED),
-    (c.PRECISION_AUTO, A100_NO_AO, FLUX, None, Status.FELL_BACK),
-    (c.PRECISION_AUTO, CPU, FLUX, None, Status.FELL_BACK),
-    (c.PRECISION_FP8, H200, Z, "fp8", Status.APPLIED),
-    (c.PRECISION_INT8, CPU, Z, "int8", Status.APPLIED),
-    (c.PRECISION_NF4, H200, FLUX, "nf4", Status.APPLIED),
+@pytest.mark.parametrize("requested, caps, family, compiled, scheme, status, says", [
+    (c.PRECISION_UNSPECIFIED, H200, FLUX, True, None, Status.APPLIED, ""),
+    (c.PRECISION_AUTO, H200, FLUX, True, "fp8", Status.APPLIED, "smoke probe"),
+    (c.PRECISION_AUTO, H200, QWEN, True, "int8", Status.APPLIED, ""),  # fp8 denied for Qwen-Image
+    (c.PRECISION_AUTO, T4, FLUX, True, "int8", Status.APPLIED, ""),
+    (c.PRECISION_AUTO, A100_NO_AO, FLUX, True, None, Status.FELL_BACK, ""),
+    (c.PRECISION_AUTO, CPU, FLUX, True, None, Status.FELL_BACK, "no CUDA"),
+    # Uncompiled, quantised matmuls are slower than dense: AUTO stays dense, an explicit scheme is told so.
+    (c.PRECISION_AUTO, H200, FLUX, False, None, Status.APPLIED, "SPEED_MODE_DEFAULT"),
+    (c.PRECISION_AUTO, T4, FLUX, False, None, Status.APPLIED, "uncompiled"),
+    (c.PRECISION_INT8, H200, FLUX, False, "int8", Status.APPLIED, "slower than dense"),
+    (c.PRECISION_FP8, H200, Z, True, "fp8", Status.APPLIED, ""),
+    (c.PRECISION_INT8, CPU, Z, False, "int8", Status.APPLIED, ""),
+    (c.PRECISION_NF4, H200, FLUX, False, "nf4", Status.APPLIED, ""),
 ])
-def test_transformer_quant(requested, caps, family, scheme, status):
-    choice = resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family)
+def test_transformer_quant(requested, caps, family, compiled, scheme, status, says):
+    choice = resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=compiled)
     assert (choice.transformer, choice.resolved[0].status) == (scheme, status)
+    assert says in choice.resolved[0].reason
+    if not says and requested != c.PRECISION_AUTO:
+        assert "uncompiled" not in choice.resolved[0].reason
 
 
 @pytest.mark.parametrize("requested, caps, family, error, text", [
@@ -97,13 +104,13 @@ def test_transformer_quant(requested, caps, family, scheme, status):
 ])
 def test_transformer_quant_rejections(requested, caps, family, error, text):
     with pytest.raises(error, match=text):
-        resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family)
+        resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
 
 
 def test_fp8_fast_accumulate_by_gpu_class_and_override():
-    auto = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, None, H200, FLUX)
+    auto = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, None, H200, FLUX, compiled=True)
     assert auto.fp8_fast_accum is False and auto.resolved[-1].control == "fp8_fast_accumulate"
-    forced = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, True, H200, FLUX)
+    forced = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, True, H200, FLUX, compiled=True)
     assert forced.fp8_fast_accum is True
 
 
@@ -114,7 +121,7 @@ def test_fp8_fast_accumulate_by_gpu_class_and_override():
     (c.PRECISION_NVFP4, T4, None, Status.FELL_BACK),
 ])
 def test_text_encoder_quant_is_best_effort(requested, caps, scheme, status):
-    choice = resolve_quant(c.PRECISION_UNSPECIFIED, requested, None, caps, FLUX)
+    choice = resolve_quant(c.PRECISION_UNSPECIFIED, requested, None, caps, FLUX, compiled=False)
     assert (choice.text_encoder, choice.resolved[1].status) == (scheme, status)
 
 
@@ -177,7 +184,7 @@ def test_capabilities_never_advertise_what_load_rejects(caps, family):
         _, record = resolve_compute_dtype(value, caps, family)
         assert not record.fell_back()
     for value in info.transformer_precisions:
-        choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family)
+        choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
         assert not choice.resolved[0].fell_back()
     if caps is CPU:
         assert c.MEMORY_MODE_LOW_VRAM not in info.memory_modes and c.PRECISION_FP8 not in info.transformer_precisions
