@@ -86,7 +86,9 @@ def probe_torchao() -> tuple[bool, str]:
     try:
         lin = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False))
         before = type(lin[0].weight)
-        quantize_(lin, Int8WeightOnlyConfig())
+        from diffusion_kit.quant_probe import contained
+
+        quantize_(lin, contained(Int8WeightOnlyConfig()))
         if type(lin[0].weight) is before:
             return False, "torchao.quantize_ left the weight unchanged (a stub build)"
     except Exception as e:

@@ -34,26 +34,41 @@ def min_feature_filter(min_features: int) -> Callable:
     return accept
 
 
+def contained(config):
+    """The torchao config with its process-wide side effects switched off.
+
+    torchao configs default to set_inductor_config=True, which on quantize_ turns on coordinate-descent
+    tuning for every later compile in the process and, in torchao 0.17, set_float32_matmul_precision("high"),
+    TF32 for all fp32 matmuls, never restored. Run by the start-up smoke probe, that made every compile of
+    the service slower and its fp32 mode not fp32. How a compile is tuned is the speed mode's decision.
+    """
+    import dataclasses
+
+    if dataclasses.is_dataclass(config) and any(f.name == "set_inductor_config" for f in dataclasses.fields(config)):
+        return dataclasses.replace(config, set_inductor_config=False)
+    return config
+
+
 def scheme_config(scheme: str, *, device_kind: str, fast_accum: bool = False):
     """The torchao config for a scheme (config objects, not strings: diffusers' TorchAoConfig takes these too)."""
     if scheme == "int8":
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
 
         # On the CPU the dynamic-activation kernels gain nothing; weight-only keeps the memory saving.
-        return Int8DynamicActivationInt8WeightConfig() if device_kind == "cuda" else Int8WeightOnlyConfig()
+        return contained(Int8DynamicActivationInt8WeightConfig() if device_kind == "cuda" else Int8WeightOnlyConfig())
     if scheme == "fp8":
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8MMConfig, PerRow
 
-        return Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
-                                                         mm_config=Float8MMConfig(use_fast_accum=fast_accum))
+        return contained(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
+                                                                   mm_config=Float8MMConfig(use_fast_accum=fast_accum)))
     if scheme == "mxfp8":
         from torchao.prototype.mx_formats import MXFPInferenceConfig
 
-        return MXFPInferenceConfig()
+        return contained(MXFPInferenceConfig())
     if scheme == "nvfp4":
         from torchao.prototype.mx_formats import NVFP4InferenceConfig
 
-        return NVFP4InferenceConfig()
+        return contained(NVFP4InferenceConfig())
     raise ValueError(f"unknown scheme {scheme!r}")
 
 
@@ -67,7 +82,7 @@ def per_sample_config(scheme: str, *, device_kind: str):
     if scheme == "int8" and device_kind == "cuda":
         from torchao.quantization import Int8WeightOnlyConfig
 
-        return Int8WeightOnlyConfig()
+        return contained(Int8WeightOnlyConfig())
     return None
 
 
@@ -76,7 +91,7 @@ def text_encoder_config(scheme: str):
     if scheme == "fp8":
         from torchao.quantization import Float8WeightOnlyConfig
 
-        return Float8WeightOnlyConfig()
+        return contained(Float8WeightOnlyConfig())
     return scheme_config(scheme, device_kind="cuda")
 
 

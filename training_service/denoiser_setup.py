@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from diffusion_kit.families import FamilySpec
+from diffusion_kit.quant_probe import contained
 from training_service.frozen_quantized_linear import wrap_frozen_quantized
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "nf4": torch.bfloat16,
@@ -76,7 +77,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
         phase("quantizing", "int8 weight-only (torchao) on the frozen base linears")
-        quantize_(model, Int8WeightOnlyConfig(), filter_fn=frozen_linear_filter())
+        quantize_(model, contained(Int8WeightOnlyConfig()), filter_fn=frozen_linear_filter())
         wrap_frozen_quantized(model, frozen_linear_filter())  # else autograd keeps a bf16 copy of each weight
     elif precision == "fp8":
         from torchao.float8 import convert_to_float8_training
@@ -89,7 +90,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str
             from torchao.quantization import quantize_
 
             phase("quantizing", "mxfp8 training linears (torchao) on the frozen base")
-            quantize_(model, MXFP8TrainingOpConfig(), filter_fn=frozen_linear_filter(32))
+            quantize_(model, contained(MXFP8TrainingOpConfig()), filter_fn=frozen_linear_filter(32))
         except Exception as e:  # noqa: BLE001 - reported, never silent
             precision = "bf16"
             warnings.append(("MXFP8_FELL_BACK", f"mxfp8 could not be applied ({type(e).__name__}: {e}); "
