@@ -74,18 +74,29 @@ def check_fits(caps: HostCaps, family: FamilySpec, precision: int, denoiser_para
     """The job's estimated peak; FAILED_PRECONDITION before any lease when it exceeds the whole GPU."""
     need = training_bytes(family, precision, denoiser_params, shape)
     if caps.device_kind == "cuda" and need > caps.total_bytes:
-        ideas = [f"a lower resolution than {shape.resolution}" if shape.resolution else "a lower resolution"]
-        if shape.batch > 1:
-            ideas.append("a smaller batch_size with gradient_accumulation_steps for the same effective batch")
-        if not shape.checkpointing:
-            ideas.append("gradient_checkpointing=true")
-        if precision != c.PRECISION_NF4:
-            ideas.append("base_precision NF4")
+        ideas = memory_relief(shape, nf4=precision == c.PRECISION_NF4)
         raise FailedPrecondition(
             f"{family.display} at {name(precision)} needs about {format_bytes(need)} at this resolution and batch; "
             f"{caps.device_name} has {format_bytes(caps.total_bytes)} in all. Try {', or '.join(ideas)}",
             reason="NEVER_FITS", metadata={"estimated_bytes": str(need), "total_bytes": str(caps.total_bytes)})
     return need
+
+
+def memory_relief(shape: StepShape, *, nf4: bool) -> list[str]:
+    """What lowers a job's peak, cheapest first, leaving out what the job already does.
+
+    Said before a job that can never fit starts, and by a trainer that ran out of memory.
+    """
+    ideas = []
+    if not shape.checkpointing:
+        ideas.append("gradient_checkpointing=true")
+    if shape.batch > 1:
+        ideas.append(f"batch_size {shape.batch // 2} with twice the gradient_accumulation_steps (the same effective batch)")
+    if not nf4:
+        ideas.append("base_precision PRECISION_NF4")
+    if shape.resolution is None or shape.resolution > 512:  # below 512 px these bases learn little
+        ideas.append(f"a resolution below {shape.resolution}" if shape.resolution else "a lower resolution")
+    return ideas
 
 
 def why_not(precision: int, caps: HostCaps, family: FamilySpec) -> str | None:

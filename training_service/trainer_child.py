@@ -105,16 +105,11 @@ def main(job_dir: Path) -> int:
 
 def out_of_memory_advice(cfg, step: int, peak_bytes: int, total_bytes: int) -> str:
     """What to change when a run ran out of GPU memory, cheapest first, skipping what it already does."""
+    from training_service.precision_policy import StepShape, memory_relief
+
     where = f"at step {step + 1}" if step else "before the first step finished"
-    ideas = []
-    if not cfg.gradient_checkpointing:
-        ideas.append("gradient_checkpointing=true")
-    if cfg.batch_size > 1:
-        ideas.append(f"batch_size {cfg.batch_size // 2}")
-    if cfg.precision not in ("nf4",):
-        ideas.append("base_precision PRECISION_NF4")
-    if cfg.resolution > 512:
-        ideas.append(f"resolution {max(512, cfg.resolution * 3 // 4 // 64 * 64)}")
+    ideas = memory_relief(StepShape(cfg.resolution, cfg.batch_size, cfg.gradient_checkpointing),
+                          nf4=cfg.precision == "nf4")
     head = (f"out of GPU memory {where} (peak {peak_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB; "
             "another process may hold the rest)")
     return head + (f"; try {', '.join(ideas)}" if ideas else "")

@@ -13,7 +13,7 @@ def cfg(**kw):
 
 
 @pytest.mark.parametrize("config, step, expected, absent", [
-    (cfg(), 0, ["before the first step", "gradient_checkpointing=true", "PRECISION_NF4", "resolution 768"], []),
+    (cfg(), 0, ["before the first step", "gradient_checkpointing=true", "PRECISION_NF4", "a resolution below 1024"], []),
     (cfg(gradient_checkpointing=True, precision="nf4", resolution=512), 40, ["at step 41"],
      ["gradient_checkpointing", "NF4", "resolution", "; try"]),
     (cfg(batch_size=4, precision="nf4"), 3, ["batch_size 2"], ["NF4"]),
