@@ -127,7 +127,8 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
     import torch
     from torchao.quantization import quantize_
 
-    from diffusion_kit.quant_probe import min_feature_filter, per_sample_config, scheme_config, text_encoder_config
+    from diffusion_kit.quant_probe import (int8_dynamic, min_feature_filter, per_sample_config, scheme_config,
+                                           text_encoder_config)
 
     out = []
     accept = min_feature_filter(plan.quant_min_features)
@@ -141,9 +142,13 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
                 f"no linear layer of this transformer has >= {plan.quant_min_features} features: {scheme} "
                 "would change nothing", reason="NOTHING_TO_QUANTIZE")
         device_kind = "cuda" if plan.device == "cuda" else "cpu"
-        cfg = scheme_config(scheme, device_kind=device_kind, fast_accum=plan.quant.fp8_fast_accum)
+        compiled = plan.speed.compile
+        cfg = scheme_config(scheme, device_kind=device_kind, compiled=compiled, fast_accum=plan.quant.fp8_fast_accum)
         reason = f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"
-        per_sample_cfg = per_sample_config(scheme, device_kind=device_kind)
+        if scheme == "int8" and not int8_dynamic(device_kind, compiled):
+            reason += ("; weight-only int8: dynamic-activation int8 gains only on a compiled CUDA transformer "
+                       "(uncompiled, torchao syncs the GPU on every matmul)")
+        per_sample_cfg = per_sample_config(scheme, device_kind=device_kind, compiled=compiled)
         if per_sample_cfg is None:
             quantize_(denoiser, cfg, filter_fn=accept)
         else:

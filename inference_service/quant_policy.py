@@ -20,7 +20,8 @@ AUTO_ORDER = ("fp8", "int8")
 # FLUX int8 with speed mode off took 1176 ms per step against 172 dense (docs/bench/inference.md), and
 # torchao's own fp8 figures without compile are slower than dense too (pytorch/ao#685).
 UNCOMPILED = ("the transformer will run uncompiled (speed_mode OFF, or an offloading memory_mode), where torchao's "
-              "quantised matmuls are slower than dense (FLUX int8 on an H200: 1176 vs 172 ms per step)")
+              "quantised matmuls are slower than dense (FLUX dynamic-activation int8 on an H200: 1176 vs 172 ms per "
+              "step), and int8 runs weight-only")
 
 
 @dataclass(frozen=True)

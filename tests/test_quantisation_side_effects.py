@@ -34,8 +34,11 @@ def test_probes_and_every_config_we_build_leave_global_settings_alone(pristine):
 
     assert probe_torchao() == (True, "")
     smoke_probe_schemes(HostCaps("cpu", "CPU", 2**34, 2**34, torchao=True))
-    configs = [scheme_config("int8", device_kind="cpu"), scheme_config("int8", device_kind="cuda"),
-               scheme_config("fp8", device_kind="cuda"), per_sample_config("int8", device_kind="cuda"),
+    configs = [scheme_config("int8", device_kind="cpu", compiled=False),
+               scheme_config("int8", device_kind="cuda", compiled=True),
+               scheme_config("int8", device_kind="cuda", compiled=False),
+               scheme_config("fp8", device_kind="cuda", compiled=True),
+               per_sample_config("int8", device_kind="cuda", compiled=True),
                text_encoder_config("fp8")]
     for config in configs:
         assert config.set_inductor_config is False

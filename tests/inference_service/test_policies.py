@@ -5,7 +5,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion_kit.dtype_policy import resolve_compute_dtype
 from diffusion_kit.families import FAMILIES
 from diffusion_kit.host_caps import HostCaps, native_bf16
-from diffusion_kit.quant_probe import is_consumer_gpu
+from diffusion_kit.quant_probe import is_consumer_gpu, per_sample_config, scheme_config
 from diffusion_kit.resolved import Status
 from inference_service.capabilities import family_capabilities
 from inference_service.memory_plan import GiB, plan_memory
@@ -105,6 +105,20 @@ def test_transformer_quant(requested, caps, family, compiled, scheme, status, sa
 def test_transformer_quant_rejections(requested, caps, family, error, text):
     with pytest.raises(error, match=text):
         resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
+
+
+@pytest.mark.parametrize("scheme, device_kind, compiled, config, per_sample", [
+    ("int8", "cuda", True, "Int8DynamicActivationInt8WeightConfig", "Int8WeightOnlyConfig"),
+    # Uncompiled, torchao's dynamic int8 matmul syncs the GPU per call (repr() of its input): weight-only.
+    ("int8", "cuda", False, "Int8WeightOnlyConfig", None),
+    ("int8", "cpu", True, "Int8WeightOnlyConfig", None),
+    ("fp8", "cuda", True, "Float8DynamicActivationFloat8WeightConfig", None),
+    ("fp8", "cuda", False, "Float8DynamicActivationFloat8WeightConfig", None),
+])
+def test_scheme_configs(scheme, device_kind, compiled, config, per_sample):
+    assert type(scheme_config(scheme, device_kind=device_kind, compiled=compiled)).__name__ == config
+    found = per_sample_config(scheme, device_kind=device_kind, compiled=compiled)
+    assert (type(found).__name__ if found is not None else None) == per_sample
 
 
 def test_fp8_fast_accumulate_by_gpu_class_and_override():
