@@ -111,7 +111,7 @@ def probe_adamw8bit(device_kind: str) -> tuple[bool, str]:
     """One bitsandbytes AdamW8bit step on a 4096-element tensor (its smallest 8-bit size) of this host's device.
 
     It passes only when the step moved the weights and kept its state in uint8: bitsandbytes has 8-bit
-    optimizer kernels for CUDA (and ROCm builds), XPU and, since 0.48, the CPU.
+    optimizer kernels for CUDA (and ROCm builds), XPU and, in recent releases (0.50.2 here), the CPU.
     """
     device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}.get(device_kind)
     if device is None:

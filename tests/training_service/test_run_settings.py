@@ -12,7 +12,7 @@ from tests.training_service.test_precision_policy import CPU, H200, H200_NO_BNB
 from training_service.run_settings import resolve_run
 
 Z, SDXL = FAMILIES["zimage"], FAMILIES["sdxl"]
-CPU_8BIT = replace(CPU, adamw8bit=True, adamw8bit_reason="")  # bitsandbytes >= 0.48 steps 8-bit AdamW on the CPU
+CPU_8BIT = replace(CPU, adamw8bit=True, adamw8bit_reason="")  # bitsandbytes 0.50.2 steps 8-bit AdamW on the CPU
 
 
 def precision(applied):

@@ -45,7 +45,7 @@ def test_cpu_host_info_says_fp32_only(training):
     assert list(by_family[c.FAMILY_SDXL].precision_modes) == []
     assert "ignored" in by_family[c.FAMILY_SDXL].memory_note
     assert by_family[c.FAMILY_FLUX1].default_resolution == 512 and by_family[c.FAMILY_FLUX1].default_rank == 16
-    # The pinned bitsandbytes steps 8-bit AdamW on the CPU (0.48+), and the service probed that it does.
+    # The installed bitsandbytes (0.50.2) steps 8-bit AdamW on the CPU, and the service probed that it does.
     assert list(info.optimizers) == [pb.OPTIMIZER_ADAMW, pb.OPTIMIZER_ADAMW_8BIT], info.adamw_8bit_unavailable_reason
     assert info.adamw_8bit_unavailable_reason == ""
 
