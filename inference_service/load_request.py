@@ -13,7 +13,7 @@ from inference_service.memory_plan import plan_memory
 from inference_service.model_source import SourceFiles
 from inference_service.pipeline_builder import LoadPlan
 from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import plan_speed
+from inference_service.speed_plan import asks_for_compile, plan_speed
 from service_kit.errors import InvalidArgument
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -46,9 +46,8 @@ def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings
     family = source.family
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
     fast = req.fp8_fast_accumulate if req.HasField("fp8_fast_accumulate") else None
-    compiled = (req.speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
-                and req.memory_mode not in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL))
-    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family, compiled=compiled)
+    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,
+                          compiled=asks_for_compile(req.speed_mode, req.memory_mode))
     if source.kind == "gguf":
         quant_bits = 4.5  # typical Q4 GGUF; dequantised per matmul
     else:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from diffusion.v1 import common_pb2 as c
 from diffusion_kit.resolved import Resolved, Source, Status
+from inference_service.memory_plan import MODES as MEMORY_MODES
 from service_kit.errors import InvalidArgument
 
 
@@ -18,6 +19,16 @@ class SpeedPlan:
     fuse_qkv: bool
     inference_mode: bool
     resolved: tuple[Resolved, ...]
+
+
+# Their offload hooks move modules between devices on every call, so a compiled graph cannot hold them.
+OFFLOAD_HOOK_MODES = ("low_vram", "sequential")
+
+
+def asks_for_compile(speed_mode: int, memory_mode: int) -> bool:
+    """Whether a request asks for a compiled transformer, read before its memory mode is planned."""
+    return (speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
+            and MEMORY_MODES.get(memory_mode) not in OFFLOAD_HOOK_MODES)
 
 
 def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | None, memory_mode: str,
@@ -34,7 +45,7 @@ def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | Non
     compile_ok, why_not = True, ""
     if transformer_quant == "nf4":
         compile_ok, why_not = False, "bitsandbytes 4-bit layers are not compiled"
-    elif memory_mode in ("low_vram", "sequential"):
+    elif memory_mode in OFFLOAD_HOOK_MODES:
         compile_ok, why_not = False, f"{memory_mode} offload hooks move modules between devices every call"
     compile_mode = "max-autotune-no-cudagraphs" if mode == "max" and compile_backend == "inductor" else None
     records.append(Resolved("compile", "on", f"regional ({compile_backend}{', ' + compile_mode if compile_mode else ''})"

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def _main(args: argparse.Namespace) -> None:
     from diffusion_kit.host_caps import probe_host
 
-    caps = await asyncio.to_thread(probe_host, True)
+    caps = await asyncio.to_thread(probe_host, optimizers=True)
     broker = None
     if args.broker:
         from gpu_broker.client import BrokerClient

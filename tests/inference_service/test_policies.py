@@ -10,7 +10,7 @@ from diffusion_kit.resolved import Status
 from inference_service.capabilities import family_capabilities
 from inference_service.memory_plan import GiB, plan_memory
 from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import plan_speed
+from inference_service.speed_plan import asks_for_compile, plan_speed
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
@@ -228,3 +228,15 @@ def test_scoped_download_size_and_disk_preflight(tmp_path):
     check_disk(tmp_path, 1)
     with pytest.raises(ResourceExhausted, match="GiB free"):
         check_disk(tmp_path, 2**60)
+
+
+@pytest.mark.parametrize("speed, memory, compiled", [
+    (c.SPEED_MODE_DEFAULT, c.MEMORY_MODE_AUTO, True),
+    (c.SPEED_MODE_MAX, c.MEMORY_MODE_BALANCED, True),
+    (c.SPEED_MODE_OFF, c.MEMORY_MODE_RESIDENT, False),
+    (c.SPEED_MODE_UNSPECIFIED, c.MEMORY_MODE_AUTO, False),
+    (c.SPEED_MODE_DEFAULT, c.MEMORY_MODE_LOW_VRAM, False),
+    (c.SPEED_MODE_MAX, c.MEMORY_MODE_SEQUENTIAL, False),
+])
+def test_what_a_request_asks_of_compile(speed, memory, compiled):
+    assert asks_for_compile(speed, memory) is compiled
