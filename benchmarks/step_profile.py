@@ -95,7 +95,8 @@ def main() -> None:
         with recipe._context():
             pred = recipe.objective.predict(recipe.model, x_t, t, cond, batch)
             loss = torch.nn.functional.mse_loss(pred.float(), target.float())
-        loss.backward()
+        with recipe._attention_pin():
+            loss.backward()
         recipe.optimizer.step()
         recipe.optimizer.zero_grad(set_to_none=True)
         return loss

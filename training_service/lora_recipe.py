@@ -247,16 +247,22 @@ class LoraRecipe:
 
     # ---- the loop ------------------------------------------------------------------------------------
 
-    def _context(self):
-        """bf16/fp16 autocast over fp32 LoRA parameters, and attention pinned to flash / memory-efficient
-        SDPA on CUDA: the default choice crashed FLUX training with an illegal memory access on an H200."""
-        stack = contextlib.ExitStack()
-        if self.cfg.device.startswith("cuda"):
-            from torch.nn.attention import SDPBackend, sdpa_kernel
+    def _attention_pin(self):
+        """Attention pinned to flash / memory-efficient SDPA on CUDA: the default choice crashed FLUX training
+        with an illegal memory access on an H200. Held over backward too: gradient checkpointing recomputes
+        the forward there, and a different backend saves different tensors (CheckpointError)."""
+        if not self.cfg.device.startswith("cuda"):
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            stack.enter_context(sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]))
-            if self.dtype != torch.float32:
-                stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+
+    def _context(self):
+        """The forward's context: the attention pin, and bf16/fp16 autocast over fp32 LoRA parameters."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._attention_pin())
+        if self.cfg.device.startswith("cuda") and self.dtype != torch.float32:
+            stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
         return stack
 
     def _batch(self, step: int) -> Batch:
@@ -330,7 +336,8 @@ class LoraRecipe:
             with self._context():
                 pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
                 loss = torch.nn.functional.mse_loss(pred.float(), target.float()) / self.cfg.accumulation
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            with self._attention_pin():  # checkpointed blocks recompute their forward in backward
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             parts.append(loss.detach())
             images += len(batch.geometry)
         return torch.stack(parts).sum(), images
