@@ -112,7 +112,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
         getattr(pipe, family.denoiser).compile_repeated_blocks(
             fullgraph=True, dynamic=True, backend=plan.compile_backend,
-            **({"mode": speed.compile_mode} if speed.compile_mode else {}))
+            **({"options": speed.compile_options} if speed.compile_options else {}))
         _check(abort, "compiling")
         on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks")
         t0 = time.perf_counter()

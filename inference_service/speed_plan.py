@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffusion.v1 import common_pb2 as c
+from diffusion_kit.quant_probe import int8_dynamic
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service.memory_plan import MODES as MEMORY_MODES
 from service_kit.errors import InvalidArgument
@@ -13,7 +14,7 @@ from service_kit.errors import InvalidArgument
 class SpeedPlan:
     mode: str  # off | default | max
     compile: bool
-    compile_mode: str | None
+    compile_options: dict  # inductor options for this compile alone; empty for another backend
     cudnn_benchmark: bool
     tf32: bool
     fuse_qkv: bool
@@ -31,12 +32,28 @@ def asks_for_compile(speed_mode: int, memory_mode: int) -> bool:
             and MEMORY_MODES.get(memory_mode) not in OFFLOAD_HOOK_MODES)
 
 
+def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> dict:
+    """Inductor options passed to this compile alone (torch.compile's `options`), never set process-wide.
+
+    max is torch's "max-autotune-no-cudagraphs" written out, so it can be combined with the others. A
+    dynamic-int8 transformer needs the int32 matmul fused with its rescale: torchao sets that globally
+    (with coordinate-descent tuning) unless told not to, and without it each int8 matmul writes an int32
+    product and reads it back for a separate multiply.
+    """
+    if compile_backend != "inductor":
+        return {}
+    options = {"max_autotune": True, "coordinate_descent_tuning": True} if mode == "max" else {}
+    if int8_dynamic:
+        options["force_fuse_int_mm_with_mul"] = True
+    return options
+
+
 def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | None, memory_mode: str,
                compile_backend: str) -> SpeedPlan:
     asked = c.SpeedMode.Name(requested)
     if requested in (c.SPEED_MODE_UNSPECIFIED, c.SPEED_MODE_OFF):
         source = Source.EXPLICIT if requested == c.SPEED_MODE_OFF else Source.DEFAULT
-        return SpeedPlan("off", False, None, False, False, False, False, (
+        return SpeedPlan("off", False, {}, False, False, False, False, (
             Resolved("speed_mode", asked, "SPEED_MODE_OFF", source, reason="eager: the same seed gives identical bytes"),))
     if requested not in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX):
         raise InvalidArgument(f"unknown speed_mode {requested}", reason="UNKNOWN_ENUM_VALUE")
@@ -47,9 +64,10 @@ def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | Non
         compile_ok, why_not = False, "bitsandbytes 4-bit layers are not compiled"
     elif memory_mode in OFFLOAD_HOOK_MODES:
         compile_ok, why_not = False, f"{memory_mode} offload hooks move modules between devices every call"
-    compile_mode = "max-autotune-no-cudagraphs" if mode == "max" and compile_backend == "inductor" else None
-    records.append(Resolved("compile", "on", f"regional ({compile_backend}{', ' + compile_mode if compile_mode else ''})"
-                            if compile_ok else "off", Source.AUTO,
+    options = compile_options(mode, compile_backend=compile_backend,
+                              int8_dynamic=transformer_quant == "int8" and int8_dynamic(device_kind, compile_ok))
+    records.append(Resolved("compile", "on", f"regional ({compile_backend}{', ' if options else ''}"
+                                             f"{', '.join(sorted(options))})" if compile_ok else "off", Source.AUTO,
                             Status.APPLIED if compile_ok else Status.FELL_BACK,
                             "compile_repeated_blocks(dynamic=True)" if compile_ok else why_not))
     cuda = device_kind == "cuda"
@@ -64,4 +82,4 @@ def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | Non
         records.append(Resolved("fused_qkv", "on", "on" if fuse else "off", Source.AUTO,
                                 Status.APPLIED if fuse else Status.FELL_BACK,
                                 "" if fuse else "QKV fusion needs dense weights"))
-    return SpeedPlan(mode, compile_ok, compile_mode, cuda, tf32, fuse, True, tuple(records))
+    return SpeedPlan(mode, compile_ok, options if compile_ok else {}, cuda, tf32, fuse, True, tuple(records))

@@ -10,7 +10,7 @@ from diffusion_kit.resolved import Status
 from inference_service.capabilities import family_capabilities
 from inference_service.memory_plan import GiB, plan_memory
 from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import asks_for_compile, plan_speed
+from inference_service.speed_plan import asks_for_compile, compile_options, plan_speed
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
@@ -188,6 +188,32 @@ def test_speed_plan(requested, kind, quant, memory, compile_, tf32, fuse):
     assert (plan.compile, plan.tf32, plan.fuse_qkv) == (compile_, tf32, fuse)
     for record in plan.resolved:
         assert record.status is Status.APPLIED or record.reason
+
+
+@pytest.mark.parametrize("requested, kind, quant, backend, options", [
+    (c.SPEED_MODE_DEFAULT, "cuda", None, "inductor", {}),
+    (c.SPEED_MODE_MAX, "cuda", None, "inductor", {"max_autotune": True, "coordinate_descent_tuning": True}),
+    (c.SPEED_MODE_DEFAULT, "cuda", "int8", "inductor", {"force_fuse_int_mm_with_mul": True}),
+    (c.SPEED_MODE_MAX, "cuda", "int8", "inductor",
+     {"max_autotune": True, "coordinate_descent_tuning": True, "force_fuse_int_mm_with_mul": True}),
+    (c.SPEED_MODE_DEFAULT, "cuda", "fp8", "inductor", {}),
+    (c.SPEED_MODE_DEFAULT, "cpu", "int8", "inductor", {}),  # weight-only int8 on the CPU: no int8 matmul
+    (c.SPEED_MODE_MAX, "cuda", "int8", "aot_eager", {}),  # options are inductor's alone
+    (c.SPEED_MODE_OFF, "cuda", "int8", "inductor", {}),
+])
+def test_compile_options_are_per_compile(requested, kind, quant, backend, options):
+    plan = plan_speed(requested, device_kind=kind, transformer_quant=quant, memory_mode="resident",
+                      compile_backend=backend)
+    assert plan.compile_options == options
+    if plan.compile:
+        assert all(name in next(r for r in plan.resolved if r.control == "compile").applied for name in options)
+
+
+def test_max_options_are_torchs_max_autotune_no_cudagraphs():
+    import torch
+
+    assert compile_options("max", compile_backend="inductor", int8_dynamic=False) == \
+        torch._inductor.list_mode_options("max-autotune-no-cudagraphs")
 
 
 @pytest.mark.parametrize("caps", [H200, T4, A100_NO_AO, CPU, MPS])
