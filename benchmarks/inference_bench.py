@@ -71,7 +71,9 @@ def setting(resolved, control):
     return next((r for r in resolved if r.control == control), None)
 
 
-def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, reference):
+def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=()):
+    """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
+    for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
     req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=pb.ModelSource(local_dir=str(model_dir)),
                          **MODES[mode])
     t0 = time.perf_counter()
@@ -79,7 +81,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, reference)
         events = list(stub.Load(req, timeout=900))
     except grpc.RpcError as e:
         record(mode, "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
-        return None
+        return {}
     record(mode, "load_s", time.perf_counter() - t0, "s")
     resolved = events[-1].result.resolved
     applied = {r.control: r.applied for r in resolved}
@@ -100,7 +102,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, reference)
             results.append((time.perf_counter() - t, out))
     except grpc.RpcError as e:
         record(mode, "ran", 0, "bool", detail=f"generate {e.code().name}: {e.details()}")
-        return None
+        return {}
     record(mode, "ran", 1, "bool", applied=applied, fell_back=fell_back, steps=steps,
            size=f"{fields['width']}x{fields['height']}")
     e2e = statistics.median(r[0] for r in results)
@@ -112,13 +114,18 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, reference)
     record(mode, "vae_decode_ms", ms(timings.decode), "ms")
     record(mode, "image_encode_ms", ms(timings.encode_images), "ms")
     record(mode, "peak_vram_gib", max(r[1].peak_memory_bytes for r in results) / 2**30, "GiB")
-    image = image_array(results[-1][1].images[0].data)
-    if reference is not None and steps == gen_fields["steps"]:
-        value = psnr(image, reference)
-        record(mode, "psnr_vs_bf16_off_db", value if math.isfinite(value) else 999.0, "dB",
+    images = {steps: image_array(results[-1][1].images[0].data)}
+    if steps in references:
+        value = psnr(images[steps], references[steps])
+        record(mode, "psnr_vs_bf16_off_db", value if math.isfinite(value) else 999.0, "dB", steps=steps,
                note="999 means identical" if not math.isfinite(value) else "")
+    for extra in extra_steps:
+        extra_request = pb.GenerateRequest()
+        extra_request.CopyFrom(request)
+        extra_request.steps = extra
+        images[extra] = image_array(list(stub.Generate(extra_request, timeout=900))[-1].result.images[0].data)
     stub.Unload(pb.UnloadRequest(model_id=req.model_id))
-    return image
+    return images
 
 
 def time_warm_restart(stub, record, model_dir):
@@ -173,28 +180,35 @@ def main() -> None:
     gen_fields = TINY_GEN if args.tiny else GEN[args.family]
     cache = args.workdir / "inductor-cache"
     broker, inference = start_stack(args.workdir, cache, args.tiny)
-    # The bf16 speed-off image every PSNR compares against, kept so a later invocation (a run split
-    # across device commands) compares against the same reference.
-    reference_file = args.workdir / f"reference-{args.family}{'-tiny' if args.tiny else ''}.npy"
-    reference = None
-    if reference_file.exists() and "bf16-off" not in args.modes.split(","):
+    # The bf16 speed-off images every PSNR compares against, one per step count the modes run, kept so a
+    # later invocation (a run split across device commands) compares against the same references.
+    modes = args.modes.split(",")
+    step_counts = sorted({FEW_STEPS.get(m, gen_fields["steps"]) for m in modes} - {gen_fields["steps"]})
+    stem = f"reference-{args.family}{'-tiny' if args.tiny else ''}"
+    reference_file = lambda steps: args.workdir / (  # noqa: E731
+        f"{stem}.npy" if steps == gen_fields["steps"] else f"{stem}-{steps}steps.npy")
+    references = {}
+    if "bf16-off" not in modes:
         import numpy as np
 
-        reference = np.load(reference_file).astype(np.float64)
+        references = {steps: np.load(reference_file(steps)).astype(np.float64)
+                      for steps in [gen_fields["steps"], *step_counts] if reference_file(steps).exists()}
     try:
         ch = grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS)
         stub = inference_pb2_grpc.InferenceServiceStub(ch)
-        for mode in args.modes.split(","):
+        for mode in modes:
             if args.deadline_s - (time.perf_counter() - started) < 60:
                 record(mode, "ran", 0, "bool", detail=f"not run: the bench's {args.deadline_s:.0f} s deadline was reached")
                 continue
             print(f"--- {mode}", flush=True)
-            image = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, reference)
-            if mode == "bf16-off" and image is not None:
+            images = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, references,
+                              extra_steps=step_counts if mode == "bf16-off" else ())
+            if mode == "bf16-off":
                 import numpy as np
 
-                reference = image
-                np.save(reference_file, image.astype(np.uint8))  # PNG pixels: exact, and 3 MB, not 25
+                references = images
+                for steps, image in images.items():
+                    np.save(reference_file(steps), image.astype(np.uint8))  # PNG pixels: exact, and 3 MB, not 25
             if mode == "bf16-default" and args.warm_restart:
                 # Straight after the cold compile, so a later mode that outruns the device limit cannot cost it.
                 inference.stop()
