@@ -13,8 +13,8 @@ from inference_service.memory_plan import plan_memory
 from inference_service.model_source import SourceFiles
 from inference_service.pipeline_builder import LoadPlan
 from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import asks_for_compile, plan_speed
-from service_kit.errors import InvalidArgument
+from inference_service.speed_plan import OFFLOAD_HOOK_MODES, asks_for_compile, plan_speed
+from service_kit.errors import InvalidArgument, ResourceExhausted
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 # Bits per weight a quantised denoiser keeps, for the footprint estimate (scales and skipped layers included).
@@ -46,16 +46,28 @@ def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings
     family = source.family
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
     fast = req.fp8_fast_accumulate if req.HasField("fp8_fast_accumulate") else None
-    quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,
-                          compiled=asks_for_compile(req.speed_mode, req.memory_mode))
-    if source.kind == "gguf":
-        quant_bits = 4.5  # typical Q4 GGUF; dequantised per matmul
-    else:
-        quant_bits = QUANT_BITS.get(quant.transformer or "")
-    footprint, largest = source.footprint_bytes(dtype, quant_bits)
     device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
-    memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
-                         total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest)
+
+    def sized(compiled: bool):
+        quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,
+                              compiled=compiled)
+        quant_bits = 4.5 if source.kind == "gguf" else QUANT_BITS.get(quant.transformer or "")  # GGUF: typical Q4
+        footprint, largest = source.footprint_bytes(dtype, quant_bits)
+        memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
+                             total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest)
+        return quant, footprint, memory
+
+    compiled = asks_for_compile(req.speed_mode, req.memory_mode)
+    quant, footprint, memory = sized(compiled)
+    if compiled and memory.mode in OFFLOAD_HOOK_MODES:
+        # Memory AUTO chose a tier whose hooks cannot be compiled: quantisation is decided again for the
+        # uncompiled transformer it will be (AUTO stays dense, an explicit scheme says it runs uncompiled).
+        # A dense footprint needs the same tier or a deeper one, so the transformer stays uncompiled; where
+        # nothing dense fits, the quantised plan stands (its speed record says compile fell back).
+        try:
+            quant, footprint, memory = sized(False)
+        except ResourceExhausted:
+            pass
     speed = plan_speed(req.speed_mode, device_kind=caps.device_kind, transformer_quant=quant.transformer,
                        memory_mode=memory.mode, compile_backend=settings.compile_backend)
     resolved = [dtype_record, *quant.resolved, *memory.resolved, *speed.resolved]

@@ -266,3 +266,39 @@ def test_scoped_download_size_and_disk_preflight(tmp_path):
 ])
 def test_what_a_request_asks_of_compile(speed, memory, compiled):
     assert asks_for_compile(speed, memory) is compiled
+
+
+FLUX_PARAMS = {"transformer": 11_900_000_000, "text_encoder_2": 4_760_000_000, "text_encoder": 123_000_000,
+               "vae": 84_000_000}
+
+
+@pytest.mark.parametrize("precision, free, quantised, memory, compiled, noted", [
+    # plenty of memory: AUTO is fp8 on the H200, resident and compiled
+    (c.PRECISION_AUTO, "plenty", "fp8", "MEMORY_MODE_RESIDENT", True, False),
+    # fp8 does not fit balanced, so memory AUTO picks sequential, which cannot be compiled: AUTO precision is
+    # decided again for an uncompiled transformer (dense), and the dense one fits sequential too
+    (c.PRECISION_AUTO, "dense sequential", None, "MEMORY_MODE_SEQUENTIAL", False, True),
+    (c.PRECISION_FP8, "dense sequential", "fp8", "MEMORY_MODE_SEQUENTIAL", False, True),  # explicit: kept, noted
+    # only the fp8 transformer fits at all: the quantised plan stands, uncompiled
+    (c.PRECISION_AUTO, "fp8 sequential", "fp8", "MEMORY_MODE_SEQUENTIAL", False, False),
+])
+def test_auto_precision_and_memory_agree_on_compile(precision, free, quantised, memory, compiled, noted):
+    from dataclasses import replace
+    from pathlib import Path
+
+    from diffusion.v1 import inference_pb2 as pb
+    from inference_service.load_request import QUANT_BITS, EngineSettings, plan_load
+    from inference_service.memory_plan import need_for
+    from inference_service.model_source import SourceFiles
+
+    source = SourceFiles("local_dir", Path("/nowhere"), FLUX, params=FLUX_PARAMS)
+    fp8 = source.footprint_bytes("bf16", QUANT_BITS["fp8"])
+    dense = source.footprint_bytes("bf16")
+    free_bytes = {"plenty": 139 * GiB, "dense sequential": need_for("sequential", *dense),
+                  "fp8 sequential": need_for("sequential", *fp8)}[free]
+    assert free == "plenty" or free_bytes < need_for("balanced", *fp8)
+    req = pb.LoadRequest(model_id="m", transformer_precision=precision, speed_mode=c.SPEED_MODE_DEFAULT)
+    plan = plan_load(req, source, replace(H200, free_bytes=free_bytes), EngineSettings())
+    applied = {r.control: r for r in plan.resolved}
+    assert (plan.quant.transformer, applied["memory_mode"].applied, plan.speed.compile) == (quantised, memory, compiled)
+    assert ("uncompiled" in applied["transformer_precision"].reason) is noted
