@@ -1,0 +1,78 @@
+"""The inference modes only a CUDA host runs, through the real service on tiny pipelines.
+
+Skipped without CUDA. inductor (not the CPU tests' aot_eager) compiles here, so the compiled rows take
+about half a minute each. max is left to the bench: its autotuning takes minutes even on the tiny
+pipelines. Full-size speed and memory are benchmarks/inference_bench.py's.
+"""
+import numpy as np
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from tests.inference_service.harness import InferenceClient, decode, result_of
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda_service(tmp_path_factory):
+    from service_kit.service_process import start_service
+
+    cache = tmp_path_factory.mktemp("inductor-cache")
+    proc = start_service("inference_service", "--quant-min-features", "16", "--warmup-resolution", "64",
+                         "--compile-cache-dir", str(cache), timeout=300)
+    client = InferenceClient(proc.address)
+    yield client
+    client.close()
+    proc.stop()
+
+
+def settings(events):
+    return {r.control: r for r in events[-1].result.resolved}
+
+
+def pixels(result):
+    return np.asarray(decode(result.images[0]), dtype=np.int16)
+
+
+def reference(client, path):
+    client.load("reference", path, compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_OFF)
+    return pixels(result_of(client.generate("reference", seeds=[5])))
+
+
+# mode -> LoadRequest fields, and what the resolved record must say
+MODES = {
+    "fp8-default": (dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+                    {"transformer_precision": "PRECISION_FP8", "compile": "regional (inductor"}),
+    "int8-default": (dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_DEFAULT),
+                     {"transformer_precision": "PRECISION_INT8", "compile": "force_fuse_int_mm_with_mul"}),
+    "int8-off": (dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_OFF),
+                 {"transformer_precision": "PRECISION_INT8"}),
+    "low_vram-off": (dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
+                     {"memory_mode": "MEMORY_MODE_LOW_VRAM"}),
+    "sequential-off": (dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
+                       {"memory_mode": "MEMORY_MODE_SEQUENTIAL"}),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("family", ["zimage", "flux1"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode):
+    fields, expected = MODES[mode]
+    base = reference(cuda_service, tiny_models[family])
+    s = settings(cuda_service.load("m", tiny_models[family], compute_precision=c.PRECISION_BF16, **fields))
+    for control, fragment in expected.items():
+        assert fragment in s[control].applied, (control, s[control].applied)
+    if "transformer_precision" in fields:
+        layers = s["transformer_quantized_layers"]
+        done, total = map(int, layers.applied.split(" of "))
+        assert 0 < done <= total
+        if mode == "int8-off":
+            assert "weight-only int8" in layers.reason  # uncompiled int8 never takes the dynamic matmul
+        else:
+            assert "one row per sample" in layers.reason  # the per-sample layers are weight-only
+    out = pixels(result_of(cuda_service.generate("m", seeds=[5])))
+    assert np.abs(out - base).mean() < 10, f"{mode} drifted from the bf16 eager image"
+    if fields.get("memory_mode") in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL):
+        assert np.array_equal(out, base) or np.abs(out - base).max() <= 3  # offload moves weights, not values
+
