@@ -16,12 +16,13 @@ PRECISION_OF = {v: k for k, v in SCHEME_OF.items()}
 # What AUTO tries, best first: fp8 rides the fp8 tensor cores (1340+ TFLOP/s vs 790 bf16 on an H200);
 # int8 is the Ampere-class fallback. The Blackwell microscaling formats stay explicit opt-ins.
 AUTO_ORDER = ("fp8", "int8")
-# Without compile torchao's quantised matmuls lose to dense: on an H200, FLUX dynamic-activation int8 with
-# speed mode off took 1176 ms per step against 172 dense (docs/bench/inference.md; quant_probe.int8_dynamic
-# says why), and torchao's own fp8 figures without compile are slower than dense too (pytorch/ao#685).
+# Without compile torchao's quantised matmuls lose to dense: on an H200, FLUX weight-only int8 with speed
+# mode off took 230 ms per step against 170 dense (dynamic-activation int8 took 1176; quant_probe.int8_dynamic
+# says why; docs/bench/inference.md), and torchao's own fp8 figures without compile are slower than dense too
+# (pytorch/ao#685).
 UNCOMPILED = ("the transformer will run uncompiled (speed_mode OFF, or an offloading memory_mode), where torchao's "
-              "quantised matmuls are slower than dense (FLUX dynamic-activation int8 on an H200: 1176 vs 172 ms per "
-              "step), and int8 runs weight-only")
+              "quantised matmuls are slower than dense (FLUX weight-only int8 on an H200: 230 vs 170 ms per step), "
+              "and int8 runs weight-only")
 
 
 @dataclass(frozen=True)
