@@ -67,10 +67,9 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
         layers = s["transformer_quantized_layers"]
         done, total = map(int, layers.applied.split(" of "))
         assert 0 < done <= total
-        if mode == "int8-off":
-            assert "weight-only int8" in layers.reason  # uncompiled int8 never takes the dynamic matmul
-        else:
-            assert "one row per sample" in layers.reason  # the per-sample layers are weight-only
+        # uncompiled int8 never takes the dynamic matmul; compiled int8 keeps the per-sample layers weight-only
+        assert ("weight-only int8" in layers.reason) == (mode == "int8-off"), layers.reason
+        assert ("one row per sample" in layers.reason) == (mode == "int8-default"), layers.reason
     out = pixels(result_of(cuda_service.generate("m", seeds=[5])))
     assert np.abs(out - base).mean() < 10, f"{mode} drifted from the bf16 eager image"
     if fields.get("memory_mode") in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL):
