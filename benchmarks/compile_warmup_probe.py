@@ -36,19 +36,21 @@ def main() -> None:
     from diffusers import DiffusionPipeline
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    from diffusion_kit.families import family_of_pipeline_dir
+    from inference_service.pipeline_builder import warm_up
+
+    family = family_of_pipeline_dir(args.model_dir)
     cuda = torch.cuda.is_available()
     t = time.perf_counter()
     pipe = DiffusionPipeline.from_pretrained(args.model_dir, torch_dtype=torch.bfloat16 if cuda else torch.float32)
     pipe.to("cuda" if cuda else "cpu")
     load_s = time.perf_counter() - t
     torch.backends.cudnn.benchmark = True
-    pipe.transformer.compile_repeated_blocks(fullgraph=True, dynamic=True, backend=args.backend)
+    getattr(pipe, family.denoiser).compile_repeated_blocks(fullgraph=True, dynamic=True, backend=args.backend)
 
     def call() -> float:
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            pipe(prompt="warm-up", height=args.resolution, width=args.resolution, num_inference_steps=2,
-                 output_type="latent", generator=torch.Generator("cpu").manual_seed(0))
+        warm_up(pipe, family, pipe.vae_scale_factor * 2, args.resolution)  # the service's warm-up call
         if cuda:
             torch.cuda.synchronize()
         return time.perf_counter() - t0

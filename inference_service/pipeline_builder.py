@@ -116,7 +116,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         _check(abort, "compiling")
         on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks")
         t0 = time.perf_counter()
-        warm_up(built, plan.warmup_resolution)
+        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution)
         built.compile_warmup_s = time.perf_counter() - t0
         resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
                                  reason="first call; a warm compile cache makes the next process start fast"))
@@ -187,17 +187,16 @@ def _place(pipe, plan: LoadPlan) -> None:
         pipe.enable_sequential_cpu_offload(device=device)
 
 
-def warm_up(built: BuiltPipeline, resolution: int) -> None:
+def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int) -> None:
+    """The call that compiles the blocks: 2 steps at about `resolution` px, latent output (no VAE decode)."""
     import torch
 
-    multiple = built.size_multiple
     size = max(multiple, resolution // multiple * multiple)
-    fam = built.plan.family
     kwargs = {"prompt": "warm-up", "height": size, "width": size, "num_inference_steps": 2,
               "generator": torch.Generator("cpu").manual_seed(0), "output_type": "latent",
               fam.guidance_kwarg: fam.default_guidance}
     with torch.inference_mode():
-        built.pipe(**kwargs)
+        pipe(**kwargs)
 
 
 def unload(built: BuiltPipeline) -> int:
