@@ -119,7 +119,8 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         warm_up(pipe, family, built.size_multiple, plan.warmup_resolution)
         built.compile_warmup_s = time.perf_counter() - t0
         resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
-                                 reason="first call; a warm compile cache makes the next process start fast"))
+                                 reason="first call; a warm compile cache spares the next process the inductor "
+                                        "compile, not the tracing (on an H200 FLUX: 20.5 s cold, 17.8 s warm)"))
     return built
 
 
