@@ -144,11 +144,12 @@ def start_stack(workdir: Path, cache: Path, tiny: bool):
     # The real NVML inventory on a GPU host; a fake one-device inventory where there is none (a CPU dry run).
     inventory = [] if torch.cuda.is_available() else ["--fake-devices", "1x24GiB"]
     broker = start_service("gpu_broker", "--log-level", "WARNING", *inventory)
-    return broker, start_inference(broker.address, cache, tiny)
+    return broker, start_inference(broker.address, cache, tiny, workdir)
 
 
-def start_inference(broker_address: str, cache: Path, tiny: bool):
-    flags = ["--broker", broker_address, "--compile-cache-dir", str(cache), "--log-level", "WARNING"]
+def start_inference(broker_address: str, cache: Path, tiny: bool, workdir: Path):
+    flags = ["--broker", broker_address, "--compile-cache-dir", str(cache), "--log-level", "WARNING",
+             "--model-root", str(workdir)]  # the bench builds its models there
     if tiny:
         flags += ["--quant-min-features", "16", "--warmup-resolution", "64"]
     return start_service("inference_service", *flags, timeout=600)
@@ -212,7 +213,7 @@ def main() -> None:
             if mode == "bf16-default" and args.warm_restart:
                 # Straight after the cold compile, so a later mode that outruns the device limit cannot cost it.
                 inference.stop()
-                inference = start_inference(broker.address, cache, args.tiny)
+                inference = start_inference(broker.address, cache, args.tiny, args.workdir)
                 ch.close()
                 ch = grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS)
                 stub = inference_pb2_grpc.InferenceServiceStub(ch)

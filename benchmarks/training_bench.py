@@ -187,7 +187,8 @@ def main() -> None:
     broker = None if args.no_broker else start_service("gpu_broker", timeout=120)
     service = start_service("training_service", *(() if broker is None else ("--broker", broker.address)), "--output-dir",
                             str(args.workdir / "out"), "--adapter-store", str(args.workdir / "adapters"),
-                            "--compile-cache-dir", str(args.workdir / "compile-cache"), timeout=300)
+                            "--compile-cache-dir", str(args.workdir / "compile-cache"),
+                            "--model-root", str(args.workdir), "--dataset-root", str(args.workdir), timeout=300)
     channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
     try:

@@ -75,10 +75,13 @@ def main() -> int:
     model_dir = build_model()
     print("Starting the GPU broker (fake inventory 1x24GiB) and the inference service on loopback...")
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB")
+    # The services read models and datasets only under the roots they are given: here the demo's own folders.
     inference = start_service("inference_service", "--broker", broker.address, "--compile-backend", "aot_eager",
-                              "--adapter-store", str(OUT / "adapters"), timeout=180)
+                              "--adapter-store", str(OUT / "adapters"), "--model-root", str(OUT / "models"),
+                              timeout=180)
     training = start_service("training_service", "--broker", broker.address, "--output-dir", str(OUT / "training"),
-                             "--adapter-store", str(OUT / "adapters"), timeout=180)
+                             "--adapter-store", str(OUT / "adapters"), "--model-root", str(OUT / "models"),
+                             "--dataset-root", str(OUT / "dataset"), timeout=180)
     print(f"  broker {broker.address}, inference {inference.address}, training {training.address}\n")
     try:
         with grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS) as ch, \

@@ -17,11 +17,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound
+from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, clip
 
 WEIGHTS = "pytorch_lora_weights.safetensors"
 SIDECAR = "adapter.json"
-ADAPTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ADAPTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: '$' alone let "id\n" through
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class AdapterInfo:
     job_id: str = ""
     created: float = field(default_factory=time.time)
     size_bytes: int = 0
+    owner: str = ""  # the identity whose job published it; "" for adapters published before owners were kept
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -53,8 +54,8 @@ class AdapterInfo:
 
 
 def check_adapter_id(adapter_id: str) -> None:
-    if not ADAPTER_ID.match(adapter_id or ""):
-        raise InvalidArgument(f"adapter ids are 1-128 letters, digits, '.', '_' or '-', got {adapter_id!r}",
+    if not isinstance(adapter_id, str) or not ADAPTER_ID.fullmatch(adapter_id):
+        raise InvalidArgument(f"adapter ids are 1-128 letters, digits, '.', '_' or '-', got {clip(adapter_id)}",
                               reason="BAD_ADAPTER_ID")
 
 
@@ -101,8 +102,12 @@ class AdapterStore:
         staging.rename(target)
         return self.get(info.adapter_id)
 
-    def delete(self, adapter_id: str) -> AdapterInfo:
+    def delete(self, adapter_id: str, caller=None) -> AdapterInfo:
+        """Removes an adapter; `caller` (service_kit.auth.Caller) must be its owner or an admin."""
         info = self.get(adapter_id)
+        if caller is not None and not caller.may_act_on(info.owner):
+            raise PermissionDenied(f"adapter {adapter_id!r} was published by {info.owner or 'an unknown identity'}; "
+                                   "only it or an admin may delete it", reason="NOT_OWNER")
         self._refuse_if_pinned(adapter_id, "delete")
         trash = self.root / f".trash-{uuid.uuid4().hex}"
         self.path(adapter_id).rename(trash)

@@ -6,6 +6,7 @@ checkpoints (parameter counts x 2), used by the memory planner and the training 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,12 +112,19 @@ def family_from_proto(value: int) -> FamilySpec:
 def family_of_pipeline_dir(path: Path) -> FamilySpec:
     """The family a diffusers directory holds, from model_index.json's _class_name."""
     index = json.loads((Path(path) / "model_index.json").read_text())
+    if not isinstance(index, dict):
+        raise UnknownFamily(f"{path}/model_index.json is not a JSON object")
+    # Component names become folder names when the pipeline loads: none may leave the directory.
+    bad = [str(name)[:40] for name in index if not re.fullmatch(r"[A-Za-z0-9_]{1,64}", str(name))]
+    if bad:
+        raise UnknownFamily(f"{path}/model_index.json names components that are not plain folder names: "
+                            f"{', '.join(bad[:3])}")
     class_name = index.get("_class_name", "")
-    try:
+    if isinstance(class_name, str) and class_name in BY_PIPELINE:
         return BY_PIPELINE[class_name]
-    except KeyError:
-        known = ", ".join(sorted(BY_PIPELINE))
-        raise UnknownFamily(f"{path} holds a {class_name or 'unnamed'} pipeline; this service serves {known}") from None
+    known = ", ".join(sorted(BY_PIPELINE))
+    shown = str(class_name)[:60] if class_name else "unnamed"
+    raise UnknownFamily(f"{path} holds a {shown} pipeline; this service serves {known}")
 
 
 def check_pipeline_dir(path: Path, what: str) -> FamilySpec:
@@ -129,8 +137,9 @@ def check_pipeline_dir(path: Path, what: str) -> FamilySpec:
         return family_of_pipeline_dir(path)
     except UnknownFamily as e:
         raise InvalidArgument(str(e), reason="UNKNOWN_FAMILY") from e
-    except (json.JSONDecodeError, OSError) as e:
-        raise InvalidArgument(f"{path}/model_index.json is unreadable: {e}", reason="NOT_A_PIPELINE") from e
+    except (ValueError, OSError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InvalidArgument(f"{path}/model_index.json is unreadable: {type(e).__name__}",
+                              reason="NOT_A_PIPELINE") from e
 
 
 def proto_name(value: int) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from diffusion_kit.download_progress import GrowthWatcher
-from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, clip
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
@@ -36,18 +36,29 @@ def hub_allow_patterns(model_index: dict) -> list[str]:
 
 
 def check_repo_id(repo_id: str) -> None:
+    """owner/name, by huggingface_hub's own rule (its HFValidationError would otherwise escape as a bug)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
     if "/" not in repo_id or repo_id.count("/") > 1:
-        raise InvalidArgument(f"hub repo ids look like owner/name, got {repo_id!r}", reason="BAD_REPO_ID")
+        raise InvalidArgument(f"hub repo ids look like owner/name, got {clip(repo_id)}", reason="BAD_REPO_ID")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise InvalidArgument(f"hub repo id {clip(repo_id)} is not valid: {str(e)[:200]}", reason="BAD_REPO_ID") from None
 
 
 @contextlib.contextmanager
 def hub_errors(repo_id: str, revision: str | None):
     """huggingface_hub's failures as the service's errors, each with what to do about it."""
-    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError, \
-        RevisionNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError, \
+        RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         yield
+    except HFValidationError as e:
+        raise InvalidArgument(f"hub repo {repo_id} or revision {clip(revision)} is not valid: {str(e)[:200]}",
+                              reason="BAD_REPO_ID") from e
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
         raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
                        reason="REPO_NOT_FOUND") from e

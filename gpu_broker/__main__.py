@@ -9,6 +9,7 @@ from gpu_broker.inventory import InventoryError, format_bytes, parse_fake_device
 from gpu_broker.lease_book import BrokerPolicy
 from gpu_broker.server import create_broker_server
 from service_kit import structured_log
+from service_kit.security import add_server_flags, server_security
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("gpu_broker")
@@ -34,10 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each full interval waited adds 1 to a request's queue priority; 0 disables (default 30s)")
     p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
+    add_server_flags(p)
     return p
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, security) -> None:
     if args.fake_devices:
         devices, source = parse_fake_devices(args.fake_devices), "fake"
     else:
@@ -48,7 +50,7 @@ async def _main(args: argparse.Namespace) -> None:
             log.warning("no devices to lease", extra={"fields": {"reason": str(e)}})
     policy = BrokerPolicy(default_release_grace_s=args.default_release_grace,
                           max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval)
-    broker = await create_broker_server(args.listen, devices, policy)
+    broker = await create_broker_server(args.listen, devices, policy, security)
     log.info("broker started", extra={"fields": {
         "event": "broker.started", "port": broker.port, "inventory": source,
         "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices]}})
@@ -64,8 +66,9 @@ def main(argv: list[str] | None = None) -> None:
             parse_fake_devices(args.fake_devices)
     except InventoryError as e:
         parser.error(str(e))
+    security = server_security(args, parser)
     structured_log.configure(args.log_level)
-    asyncio.run(_main(args))
+    asyncio.run(_main(args, security))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
-from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.security import INSECURE, ClientSecurity, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -207,11 +207,13 @@ class _LeaseContext:
 
 
 class BrokerClient:
-    """A channel to the broker with keepalive; use as `async with BrokerClient(addr) as broker`."""
+    """A channel to the broker with keepalive; use as `async with BrokerClient(addr) as broker`.
 
-    def __init__(self, target: str):
+    `security` carries this service's token for the broker and the TLS settings, when the broker wants them."""
+
+    def __init__(self, target: str, security: ClientSecurity = INSECURE):
         self.target = target
-        self.channel = grpc.aio.insecure_channel(target, options=CLIENT_OPTIONS)
+        self.channel = open_channel(target, security)
         self.stub = broker_pb2_grpc.GpuBrokerServiceStub(self.channel)
 
     async def __aenter__(self) -> "BrokerClient":

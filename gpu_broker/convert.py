@@ -65,6 +65,7 @@ def lease_msg(lease: lb.LeaseRecord) -> broker_pb2.Lease:
         state=_LEASE_STATE[lease.state],
         missed_preempt_deadlines=lease.missed_preempt_deadlines,
         granted_priority=lease.granted_priority,
+        owner=lease.owner,
     )
     if lease.preempt_deadline is not None:
         msg.preempt_deadline.CopyFrom(timestamp(lease.preempt_deadline))

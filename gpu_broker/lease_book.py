@@ -14,12 +14,14 @@ from enum import Enum
 
 from gpu_broker import placement
 from gpu_broker.inventory import DeviceInfo, format_bytes
+from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import (
     Aborted,
     Cancelled,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     ServiceError,
 )
@@ -45,6 +47,7 @@ class AcquireSpec:
     device_index: int | None = None
     fail_fast: bool = False
     release_grace_s: float | None = None  # None = the broker's default
+    owner: str = ANONYMOUS.identity  # the authenticated identity that asked; only it (or an admin) may end it
 
 
 class LeaseState(Enum):
@@ -68,6 +71,7 @@ class LeaseRecord:
     granted_at: float
     granted_priority: int
     release_grace_s: float
+    owner: str = ANONYMOUS.identity
     state: LeaseState = LeaseState.ACTIVE
     preempt_deadline: float | None = None
     preempt_for: str | None = None
@@ -251,13 +255,14 @@ class LeaseBook:
         self._notify_positions(now)
         return request_id
 
-    def release(self, lease_id: str, now: float) -> Released:
+    def release(self, lease_id: str, now: float, caller: Caller = ANONYMOUS) -> Released:
         if not lease_id:
             raise InvalidArgument("lease_id is required", reason="MISSING_LEASE_ID")
         lease = self._leases.get(lease_id)
         if lease is None:
             raise NotFound(f"no live lease {lease_id!r}; it was never granted or is already released",
                            reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
+        _check_owner(caller, lease.owner, f"lease {lease_id}")
         released = self._free(lease, now, TransitionKind.RELEASED, "released by holder")
         self.outbox.append(Notice(lease.request_id, released, now))
         self.outbox.append(Notice(lease.request_id, Ended(), now))
@@ -275,11 +280,13 @@ class LeaseBook:
             return
         self._schedule(now)
 
-    def cancel(self, now: float, *, request_id: str = "", lease_id: str = "", reason: str = "") -> CancelOutcome:
+    def cancel(self, now: float, *, request_id: str = "", lease_id: str = "", reason: str = "",
+               caller: Caller = ANONYMOUS) -> CancelOutcome:
         if not request_id and not lease_id:
             raise InvalidArgument("Cancel needs a request_id or a lease_id", reason="MISSING_TARGET")
         if request_id and request_id in self._waiters:
             waiter = self._waiters[request_id]
+            _check_owner(caller, waiter.spec.owner, f"request {request_id}")
             why = reason or "cancelled"
             self._remove_waiter(waiter, now, TransitionKind.CANCELLED, why)
             self.outbox.append(Notice(request_id, Ended(Cancelled(
@@ -294,6 +301,7 @@ class LeaseBook:
         lease = self._leases.get(lease_id)
         if lease is None:
             raise NotFound(f"no live lease {lease_id!r}", reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
+        _check_owner(caller, lease.owner, f"lease {lease_id}")
         why = reason or "abort requested"
         self.outbox.append(Notice(lease.request_id, AbortRequested(lease.lease_id, why), now))
         self._transition(now, TransitionKind.ABORT_REQUESTED, request_id=lease.request_id, lease_id=lease.lease_id,
@@ -449,6 +457,7 @@ class LeaseBook:
             granted_at=now,
             granted_priority=self._effective_priority(waiter, now),
             release_grace_s=waiter.release_grace_s,
+            owner=waiter.spec.owner,
         )
         self._leases[lease.lease_id] = lease
         self._lease_of_request[waiter.request_id] = lease.lease_id
@@ -525,3 +534,10 @@ class LeaseBook:
     def _transition(self, now: float, kind: TransitionKind, **fields) -> None:
         self._sequence += 1
         self.transitions.append(Transition(self._sequence, now, kind, **fields))
+
+
+def _check_owner(caller: Caller, owner: str, what: str) -> None:
+    """Only the identity that acquired a lease (or an admin) may end it: ids are visible in Status."""
+    if not caller.may_act_on(owner):
+        raise PermissionDenied(f"{what} belongs to {owner!r}; only it or an admin may release or cancel it",
+                               reason="NOT_OWNER", metadata={"owner": owner})

@@ -21,6 +21,7 @@ from gpu_broker.lease_book import (
     Snapshot,
     Transition,
 )
+from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import ResourceExhausted, Unavailable
 
 log = logging.getLogger("gpu_broker.lease")
@@ -78,15 +79,17 @@ class LeaseHub:
                 self.book.stream_closed(request_id, self.clock())
                 self._drain()
 
-    def release(self, lease_id: str) -> Released:
+    def release(self, lease_id: str, caller: Caller = ANONYMOUS) -> Released:
         try:
-            return self.book.release(lease_id, self.clock())
+            return self.book.release(lease_id, self.clock(), caller)
         finally:
             self._drain()
 
-    def cancel(self, *, request_id: str = "", lease_id: str = "", reason: str = "") -> CancelOutcome:
+    def cancel(self, *, request_id: str = "", lease_id: str = "", reason: str = "",
+               caller: Caller = ANONYMOUS) -> CancelOutcome:
         try:
-            return self.book.cancel(self.clock(), request_id=request_id, lease_id=lease_id, reason=reason)
+            return self.book.cancel(self.clock(), request_id=request_id, lease_id=lease_id, reason=reason,
+                                    caller=caller)
         finally:
             self._drain()
 

@@ -8,7 +8,9 @@ import os
 from pathlib import Path
 
 from diffusion_kit.compile_cache import configure_compile_cache
+from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log
+from service_kit.security import add_broker_client_flags, add_server_flags, broker_client_security, server_security
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("inference_service")
@@ -28,18 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent compile cache, so a restart does not pay the full compile again")
     p.add_argument("--quant-min-features", type=int, default=1024,
                    help="quantise only linear layers with at least this many input and output features")
-    p.add_argument("--adapter-store", type=Path,
-                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
+    p.add_argument("--adapter-store", type=Path, default=default_data_dir() / "adapters",
                    help="the LoRA adapter store the training service publishes to")
+    p.add_argument("--model-root", type=Path, action="append", metavar="DIR",
+                   help="a directory Load may read local models from (repeatable); a path outside every root is "
+                        "refused. Default: the Hugging Face cache and ~/.local/share/diffusion-services/models")
     p.add_argument("--lora-max-rank", type=int, default=64,
                    help="the highest adapter rank a compiled model can hotswap without recompiling")
     p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
+    add_server_flags(p)
+    add_broker_client_flags(p)
     return p
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, security, broker_security) -> None:
     from diffusion_kit.adapter_store import AdapterStore
     from diffusion_kit.host_caps import probe_host
     from inference_service.engine import InferenceEngine
@@ -56,7 +62,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.broker:
         from gpu_broker.client import BrokerClient
 
-        broker = BrokerClient(args.broker)
+        broker = BrokerClient(args.broker, broker_security)
     probe_free = None
     if caps.device_kind == "cuda":
         import torch
@@ -66,8 +72,10 @@ async def _main(args: argparse.Namespace) -> None:
                                                    args.lora_max_rank),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
-                             adapter_store=AdapterStore(args.adapter_store))
-    server = await create_inference_server(args.listen, engine)
+                             adapter_store=AdapterStore(args.adapter_store),
+                             model_roots=Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
+                                                  "--model-root"))
+    server = await create_inference_server(args.listen, engine, security)
     log.info("inference service started", extra={"fields": {
         "event": "inference.started", "port": server.running.port, "broker": args.broker,
         "device": caps.device_name, "device_kind": caps.device_kind, "quant_schemes": sorted(caps.quant_schemes)}})
@@ -80,10 +88,12 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    security, broker_security = server_security(args, parser), broker_client_security(args, parser)
     structured_log.configure(args.log_level)
     configure_compile_cache(args.compile_cache_dir)
-    asyncio.run(_main(args))
+    asyncio.run(_main(args, security, broker_security))
 
 
 if __name__ == "__main__":

@@ -23,11 +23,14 @@ def timestamp(t: float) -> timestamp_pb2.Timestamp:
 
 
 def loaded_model(model: LoadedModel) -> pb.LoadedModel:
-    plan = model.plan
+    plan, limits = model.plan, model.built.limits
     return pb.LoadedModel(
         model_id=model.model_id, family=plan.family.proto, device_name=plan.device,
         device_index=model.device_index, estimated_footprint_bytes=plan.footprint_bytes,
-        resolved=[r.to_proto() for r in model.built.resolved], loaded_time=timestamp(model.loaded_at))
+        resolved=[r.to_proto() for r in model.built.resolved], loaded_time=timestamp(model.loaded_at),
+        limits=pb.ModelLimits(size_multiple=limits.size_multiple, max_width=limits.max_width,
+                              max_height=limits.max_height, max_prompt_tokens=limits.max_prompt_tokens),
+        owner=model.owner)
 
 
 def load_response(event: LoadEvent, sequence: int) -> pb.LoadResponse:

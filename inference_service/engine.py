@@ -23,15 +23,19 @@ from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved
 from diffusion_kit.adapter_store import AdapterStore
+from diffusion_kit.path_roots import Roots
 from inference_service import generation, lora_runtime, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_request import EngineSettings, check_request, plan_load
 from inference_service.model_source import resolve_source
+from service_kit.auth import Caller, current_caller
+from service_kit.errors import clip
 from service_kit.errors import (
     Cancelled,
     FailedPrecondition,
     Internal,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     ServiceError,
     Unavailable,
@@ -87,6 +91,7 @@ class LoadedModel:
     loaded_at: float
     device_index: int
     request: pb.LoadRequest
+    owner: str = "anonymous"  # the identity that loaded it: only it (or an admin) may unload or replace it
     lease: object = None  # gpu_broker.client.HeldLease while the broker lends the device
     lora: lora_runtime.LoraState = field(default_factory=lora_runtime.LoraState)
 
@@ -101,6 +106,7 @@ class _Job:
     request: pb.GenerateRequest
     spec: generation.GenerationSpec  # parsed once, against the model loaded when it was queued
     events: asyncio.Queue
+    owner: str = "anonymous"  # only the caller that started it (or an admin) sees and cancels it
     control: generation.RunControl = field(default_factory=generation.RunControl)
     enqueued_at: float = field(default_factory=time.perf_counter)
     running: bool = False
@@ -113,8 +119,9 @@ _END = object()
 class InferenceEngine:
     def __init__(self, caps: HostCaps, settings: EngineSettings | None = None, *, broker=None,
                  client_id: str = "inference-0", max_queue_depth: int = 8, reload_after_preempt: bool = False,
-                 probe_free_memory=None, adapter_store: AdapterStore | None = None):
+                 probe_free_memory=None, adapter_store: AdapterStore | None = None, model_roots: Roots | None = None):
         self.caps = caps
+        self.model_roots = model_roots or Roots.of([], "--model-root")  # the folders a Load may read
         self.settings = settings or EngineSettings()
         self.broker = broker  # gpu_broker.client.BrokerClient or None
         self.client_id = client_id
@@ -131,7 +138,8 @@ class InferenceEngine:
         self._jobs: dict[str, _Job] = {}
         self._wake = asyncio.Event()
         self._runner: asyncio.Task | None = None
-        self._unloaded_by_preempt: tuple[pb.LoadRequest, str] | None = None
+        # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
+        self._unloaded_by_preempt: tuple[pb.LoadRequest, str, str] | None = None
         self._load_abort: threading.Event | None = None
 
     def start(self) -> None:
@@ -139,10 +147,13 @@ class InferenceEngine:
 
     # ---- load / unload ------------------------------------------------------------------
 
-    async def load(self, req: pb.LoadRequest) -> AsyncIterator[LoadEvent]:
+    async def load(self, req: pb.LoadRequest, caller: Caller | None = None) -> AsyncIterator[LoadEvent]:
+        caller = caller or current_caller()
         t0 = time.perf_counter()
         yield LoadEvent("validating", "checking the request, the files and the host")
         check_request(req)
+        caller.check_priority(req.priority)
+        self._check_may_replace(caller, f"load {req.model_id}")
         if req.source.WhichOneof("source") == "hub_repo":
             source = None
             async for event in self._download(req, t0):
@@ -151,10 +162,10 @@ class InferenceEngine:
                 else:
                     source = event
         else:
-            source = await asyncio.to_thread(resolve_source, req.source, req.family)
+            source = await asyncio.to_thread(resolve_source, req.source, req.family, self.model_roots)
         plan = plan_load(req, source, self._caps_now(), self.settings)
         events: asyncio.Queue = asyncio.Queue()
-        task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0))
+        task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0, caller))
         try:
             while True:
                 event = await events.get()
@@ -178,7 +189,8 @@ class InferenceEngine:
             loop.call_soon_threadsafe(progress.put_nowait, (done, total))
 
         yield LoadEvent("downloading", what, time.perf_counter() - t0)
-        work = loop.run_in_executor(None, lambda: resolve_source(req.source, req.family, on_progress=on_progress))
+        work = loop.run_in_executor(None, lambda: resolve_source(req.source, req.family, self.model_roots,
+                                                                 on_progress=on_progress))
         while True:
             getter = loop.create_task(progress.get())
             await asyncio.wait([work, getter], return_when=asyncio.FIRST_COMPLETED)
@@ -200,8 +212,16 @@ class InferenceEngine:
         mine = self._model.plan.memory.device_bytes if self._model else 0
         return self.caps.with_free(self._probe_free() + mine)
 
+    def _check_may_replace(self, caller: Caller, what: str) -> None:
+        """A resident model is its loader's: another identity may not unload or replace it (admins may)."""
+        model = self._model
+        if model is not None and not caller.may_act_on(model.owner):
+            raise PermissionDenied(f"cannot {what}: model {model.model_id!r} was loaded by {model.owner!r}; only it "
+                                   "or an admin may unload or replace it", reason="NOT_OWNER",
+                                   metadata={"model_id": model.model_id})
+
     async def _load_plan(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan, events: asyncio.Queue,
-                         t0: float) -> LoadedModel:
+                         t0: float, caller: Caller) -> LoadedModel:
         loop = asyncio.get_running_loop()
 
         def emit(phase: str, message: str = "") -> None:
@@ -209,6 +229,7 @@ class InferenceEngine:
 
         try:
             async with self._load_lock:
+                self._check_may_replace(caller, f"load {plan.model_id}")  # again: the model may have changed
                 await self._evict(f"replaced by a load of {plan.model_id}")
                 abort = threading.Event()
                 self._load_abort = abort
@@ -223,7 +244,7 @@ class InferenceEngine:
                         await lease.close()
                     raise
                 device_index = lease.device_index if lease is not None else (0 if plan.device != "cpu" else -1)
-                self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, lease)
+                self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, caller.identity, lease)
                 self._unloaded_by_preempt = None
                 log.info("model loaded", extra={"fields": {"event": "model.loaded", "model_id": plan.model_id,
                                                            "family": plan.family.key, "mode": plan.memory.mode}})
@@ -252,9 +273,10 @@ class InferenceEngine:
         except LeaseError as e:
             raise Unavailable(f"the GPU broker did not grant a lease: {e}", reason="NO_LEASE") from e
 
-    async def unload(self, model_id: str) -> int:
+    async def unload(self, model_id: str, caller: Caller | None = None) -> int:
         if self._model is None or self._model.model_id != model_id:
-            raise NotFound(f"model {model_id!r} is not loaded", reason="MODEL_NOT_LOADED")
+            raise NotFound(f"model {clip(model_id)} is not loaded", reason="MODEL_NOT_LOADED")
+        self._check_may_replace(caller or current_caller(), f"unload {model_id}")
         async with self._load_lock:
             return await self._evict(f"{model_id} unloaded")
 
@@ -286,7 +308,7 @@ class InferenceEngine:
         if model is None:
             return
         who = event.for_holder.client_id
-        self._unloaded_by_preempt = (model.request, who)
+        self._unloaded_by_preempt = (model.request, who, model.owner)
         model.lease = None  # the client library releases it after this callback
         await self._evict(f"GPU preempted by {who!r}")
 
@@ -296,19 +318,21 @@ class InferenceEngine:
     def new_generation_id() -> str:
         return "gen-" + uuid.uuid4().hex[:12]
 
-    async def generate(self, req: pb.GenerateRequest, generation_id: str = "") -> AsyncIterator[GenerationEvent]:
+    async def generate(self, req: pb.GenerateRequest, generation_id: str = "",
+                       caller: Caller | None = None) -> AsyncIterator[GenerationEvent]:
+        caller = caller or current_caller()
         job_id = generation_id or req.generation_id or self.new_generation_id()
         if job_id in self._jobs:
             raise FailedPrecondition(f"generation id {job_id} is already in use", reason="DUPLICATE_GENERATION_ID")
         await self._ensure_loaded(req.model_id)
         model = self._model
-        spec = generation.parse_generate(req, model.plan.family, model.built.size_multiple)  # fail fast, before queueing
+        spec = generation.parse_generate(req, model.plan.family, model.built.limits)  # fail fast, before queueing
         lora_runtime.check_adapters(self.adapters, spec.adapters, model.plan.family, model.plan.speed.compile,
                                     model.plan.lora_max_rank)
         if len(self._pending) >= self.max_queue_depth:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
-        job = _Job(job_id, req, spec, asyncio.Queue())
+        job = _Job(job_id, req, spec, asyncio.Queue(), owner=caller.identity)
         self._jobs[job_id] = job
         self._pending.append(job)
         self._wake.set()
@@ -327,31 +351,38 @@ class InferenceEngine:
                     return
         finally:
             if not finished:
-                self.cancel_generation(job_id, "the caller went away or its deadline expired", missing_ok=True)
+                self.cancel_generation(job_id, "the caller went away or its deadline expired", missing_ok=True,
+                                       caller=None)
             self._jobs.pop(job_id, None)
 
     async def _ensure_loaded(self, model_id: str) -> None:
         if self._model is not None and self._model.model_id == model_id:
             return
         if self._unloaded_by_preempt and self._unloaded_by_preempt[0].model_id == model_id:
-            request, who = self._unloaded_by_preempt
+            request, who, owner = self._unloaded_by_preempt
             if not self.reload_after_preempt:
                 raise Unavailable(f"model {model_id} was unloaded because the GPU was preempted by {who!r}; "
                                   "Load it again (or start the service with --reload-after-preempt)",
                                   reason="UNLOADED_BY_PREEMPTION")
-            async for _ in self.load(request):
+            # Reloaded as the identity that loaded it, whose priority was checked then.
+            async for _ in self.load(request, Caller(owner, "user")):
                 pass
             return
         loaded = self._model.model_id if self._model else "none"
-        raise FailedPrecondition(f"model {model_id!r} is not loaded (loaded: {loaded}); call Load first",
+        raise FailedPrecondition(f"model {clip(model_id)} is not loaded (loaded: {loaded}); call Load first",
                                  reason="MODEL_NOT_LOADED")
 
-    def cancel_generation(self, generation_id: str, reason: str = "cancelled by request", missing_ok: bool = False) -> bool:
+    def cancel_generation(self, generation_id: str, reason: str = "cancelled by request", missing_ok: bool = False,
+                          caller: Caller | None = ...) -> bool:
+        """Stops a generation. `caller` must own it (None: the engine itself; default: the RPC's caller)."""
+        caller = current_caller() if caller is ... else caller
         job = self._jobs.get(generation_id)
+        if job is not None and caller is not None and not caller.may_act_on(job.owner):
+            job = None  # another caller's generation answers like an unknown one: its id says nothing
         if job is None:
             if missing_ok:
                 return False
-            raise NotFound(f"no queued or running generation {generation_id!r}", reason="GENERATION_NOT_FOUND")
+            raise NotFound(f"no queued or running generation {clip(generation_id)}", reason="GENERATION_NOT_FOUND")
         if job.running:
             job.control.stop(reason)
             return True
@@ -444,8 +475,11 @@ class InferenceEngine:
 
     # ---- observation --------------------------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self, caller: Caller | None = None) -> dict:
+        caller = caller or current_caller()
         running = self._running_job()
+        if running is not None and not caller.may_act_on(running.owner):
+            running = None
         return {"model": self._model, "running": running, "queue_depth": len(self._pending),
                 "max_queue_depth": self.max_queue_depth,
                 "lease_id": self._model.lease.lease_id if self._model and self._model.lease else ""}

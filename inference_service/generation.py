@@ -14,11 +14,13 @@ from typing import Callable
 from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
-from service_kit.errors import Cancelled, InvalidArgument
+from inference_service.model_limits import ModelLimits
+from service_kit.errors import Cancelled, InvalidArgument, clip
 
-MAX_SIDE = 4096
 MAX_STEPS = 200
 MAX_IMAGES = 16
+# The pixels of one request's images together: a raw 4096x4096x4 result (192 MiB) still fits one response.
+MAX_TOTAL_PIXELS = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,17 @@ class GenerationSpec:
                 "settings": settings}
 
 
-def parse_generate(req: pb.GenerateRequest, family: FamilySpec, size_multiple: int) -> GenerationSpec:
+def parse_generate(req: pb.GenerateRequest, family: FamilySpec, limits: ModelLimits) -> GenerationSpec:
     """Validates against the loaded model and fills the family's defaults, recording each choice."""
     if not req.prompt.strip():
-        raise InvalidArgument("prompt is required", reason="MISSING_PROMPT")
+        raise InvalidArgument("prompt is required", reason="MISSING_PROMPT", field="prompt")
+    if limits.max_prompt_tokens and limits.count_prompt_tokens is not None:
+        for name, text in (("prompt", req.prompt), ("negative_prompt", req.negative_prompt)):
+            count = limits.count_prompt_tokens(text) if text else 0
+            if count > limits.max_prompt_tokens:
+                raise InvalidArgument(f"{name} is {count} tokens; this model has positions for "
+                                      f"{limits.max_prompt_tokens} (its loaded record's limits)",
+                                      reason="PROMPT_TOO_LONG", field=name)
     if req.negative_prompt and not family.takes_negative_prompt:
         raise InvalidArgument(f"{family.display} takes no negative prompt", reason="NEGATIVE_PROMPT_UNSUPPORTED")
     resolved = []
@@ -66,12 +75,13 @@ def parse_generate(req: pb.GenerateRequest, family: FamilySpec, size_multiple: i
         resolved.append(Resolved(control, "unset", str(fallback), Source.DEFAULT, reason=f"{family.display} default"))
         return fallback
 
-    width = default("width", req.width, family.default_resolution)
-    height = default("height", req.height, family.default_resolution)
-    for name, side in (("width", width), ("height", height)):
-        if side < size_multiple or side > MAX_SIDE or side % size_multiple:
-            raise InvalidArgument(f"{name} must be a multiple of {size_multiple} between {size_multiple} and "
-                                  f"{MAX_SIDE}, got {side}", reason="BAD_SIZE")
+    multiple = limits.size_multiple
+    width = default("width", req.width, min(family.default_resolution, limits.max_width))
+    height = default("height", req.height, min(family.default_resolution, limits.max_height))
+    for name, side, top in (("width", width, limits.max_width), ("height", height, limits.max_height)):
+        if side < multiple or side > top or side % multiple:
+            raise InvalidArgument(f"{name} must be a multiple of {multiple} between {multiple} and {top} (this "
+                                  f"model's limit), got {side}", reason="BAD_SIZE", field=name)
     steps = default("steps", req.steps, family.default_steps)
     if not 1 <= steps <= MAX_STEPS:
         raise InvalidArgument(f"steps must be 1..{MAX_STEPS}, got {steps}", reason="BAD_STEPS")
@@ -88,7 +98,12 @@ def parse_generate(req: pb.GenerateRequest, family: FamilySpec, size_multiple: i
                               reason="SEED_COUNT_MISMATCH")
     count = req.num_images or len(req.seeds) or 1
     if not 1 <= count <= MAX_IMAGES:
-        raise InvalidArgument(f"num_images must be 1..{MAX_IMAGES}, got {count}", reason="BAD_NUM_IMAGES")
+        raise InvalidArgument(f"num_images must be 1..{MAX_IMAGES}, got {count}", reason="BAD_NUM_IMAGES",
+                              field="num_images")
+    if count * width * height > MAX_TOTAL_PIXELS:
+        raise InvalidArgument(f"{count} images of {width}x{height} exceed the {MAX_TOTAL_PIXELS // 2**20} Mi pixels "
+                              "one request may return; ask for fewer or smaller images", reason="TOO_MANY_PIXELS",
+                              field="num_images")
     if any(s < 0 for s in req.seeds):
         raise InvalidArgument("seeds must be >= 0", reason="BAD_SEED")
     seeds = tuple(req.seeds) or tuple(secrets.randbits(63) for _ in range(count))
@@ -99,7 +114,8 @@ def parse_generate(req: pb.GenerateRequest, family: FamilySpec, size_multiple: i
         if not a.adapter_id:
             raise InvalidArgument("adapters[].adapter_id is required", reason="MISSING_ADAPTER_ID")
         if not 0 <= a.weight <= 2:
-            raise InvalidArgument(f"adapter {a.adapter_id} weight must be 0..2, got {a.weight}", reason="BAD_ADAPTER_WEIGHT")
+            raise InvalidArgument(f"adapter {clip(a.adapter_id)} weight must be 0..2, got {a.weight}",
+                                  reason="BAD_ADAPTER_WEIGHT")
         adapters.append(AdapterUse(a.adapter_id, a.weight))
     if len({a.adapter_id for a in adapters}) != len(adapters):
         raise InvalidArgument("an adapter may appear once per request", reason="DUPLICATE_ADAPTER")

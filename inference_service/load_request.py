@@ -16,7 +16,7 @@ from inference_service.quant_policy import resolve_quant
 from inference_service.speed_plan import OFFLOAD_HOOK_MODES, asks_for_compile, plan_speed
 from service_kit.errors import InvalidArgument, ResourceExhausted
 
-MODEL_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MODEL_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # fullmatch: '$' alone let "m\n" through
 # Bits per weight a quantised denoiser keeps, for the footprint estimate (scales and skipped layers included).
 QUANT_BITS = {"int8": 8.5, "fp8": 8.5, "mxfp8": 8.5, "nvfp4": 4.5, "nf4": 4.5}
 
@@ -31,7 +31,7 @@ class EngineSettings:
 
 def check_request(req: pb.LoadRequest) -> None:
     """What can be checked without touching the disk."""
-    if not MODEL_ID.match(req.model_id):
+    if not MODEL_ID.fullmatch(req.model_id):
         raise InvalidArgument("model_id is required: 1-128 letters, digits, '.', '_' or '-'", reason="BAD_MODEL_ID")
     if req.family and req.family not in BY_PROTO:
         raise InvalidArgument(f"unknown family {req.family}", reason="UNKNOWN_ENUM_VALUE")

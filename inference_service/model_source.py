@@ -1,6 +1,8 @@
 """Where a model's files are, what family they hold and how big they are: checked before any GPU is asked for.
 
-Hub repos go through diffusion_kit.hub_fetch (scoped, offline-aware, verified on disk).
+Local paths must resolve inside the model roots (diffusion_kit.path_roots) before anything looks at
+them; every safetensors file's header is checked whole (diffusion_kit.weights_on_disk). Hub repos go
+through diffusion_kit.hub_fetch (scoped, offline-aware, verified on disk).
 """
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from pathlib import Path
 from typing import Callable
 
 from diffusion_kit.families import FamilySpec, check_pipeline_dir, family_from_proto
+from diffusion_kit.gguf_check import check_gguf
 from diffusion_kit.hub_fetch import fetch_hub_repo
+from diffusion_kit.path_roots import Roots
 from diffusion_kit.weights_on_disk import component_params, safetensors_params
 from service_kit.errors import InvalidArgument, NotFound
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-               "F8_E4M3": 1, "F8_E5M2": 1}
 TARGET_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -38,15 +40,19 @@ class SourceFiles:
         return sum(per.values()), max(per.values(), default=0)
 
 
-def resolve_source(source, requested_family: int, *, download: Callable | None = None,
-                   on_progress: Callable[[int, int], None] | None = None) -> SourceFiles:
-    """Checks a ModelSource and returns where its files are. Raises NOT_FOUND / INVALID_ARGUMENT with the fix."""
+def resolve_source(source, requested_family: int, roots: Roots, *, download: Callable | None = None,
+                   on_progress: Callable[[int, int], None] | None = None, field: str = "source") -> SourceFiles:
+    """Checks a ModelSource and returns where its files are.
+
+    PERMISSION_DENIED for a path outside the model roots (before any existence check), then NOT_FOUND /
+    INVALID_ARGUMENT with the fix."""
     kind = source.WhichOneof("source")
     if kind is None:
         raise InvalidArgument("source is required: local_dir, hub_repo, single_file or gguf", reason="MISSING_SOURCE")
     if kind == "local_dir":
-        pipeline_dir = Path(source.local_dir).expanduser()
+        pipeline_dir = roots.confine(source.local_dir, f"{field}.local_dir")
         family = check_pipeline_dir(pipeline_dir, "local_dir")
+        roots.confine_tree(pipeline_dir, f"{field}.local_dir")
         files = SourceFiles("local_dir", pipeline_dir, family, describe=str(pipeline_dir))
     elif kind == "hub_repo":
         pipeline_dir = fetch_hub_repo(source.hub_repo.repo_id, source.hub_repo.revision or None,
@@ -55,7 +61,7 @@ def resolve_source(source, requested_family: int, *, download: Callable | None =
         files = SourceFiles("hub_repo", pipeline_dir, family, describe=source.hub_repo.repo_id)
     else:
         spec = getattr(source, kind)
-        weight = Path(spec.path).expanduser()
+        weight = roots.confine(spec.path, f"{field}.{kind}.path")
         suffix = ".safetensors" if kind == "single_file" else ".gguf"
         if not weight.is_file():
             raise NotFound(f"{kind} {weight} does not exist", reason="MODEL_NOT_FOUND", metadata={"path": str(weight)})
@@ -70,7 +76,10 @@ def resolve_source(source, requested_family: int, *, download: Callable | None =
         if base_msg.WhichOneof("source") not in ("local_dir", "hub_repo"):
             raise InvalidArgument("the base of a single-file or GGUF load must be a local_dir or hub_repo",
                                   reason="BAD_BASE")
-        base = resolve_source(base_msg, requested_family, download=download, on_progress=on_progress)
+        base = resolve_source(base_msg, requested_family, roots, download=download, on_progress=on_progress,
+                              field=f"{field}.{kind}.{'companions' if kind == 'single_file' else 'base'}")
+        if kind == "gguf":
+            check_gguf(weight)
         files = SourceFiles(kind, base.pipeline_dir, base.family, denoiser_file=weight,
                             describe=f"{weight} + {base.describe}")
     if requested_family and requested_family != files.family.proto:

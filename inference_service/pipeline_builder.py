@@ -15,6 +15,7 @@ from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
 from inference_service.memory_plan import MemoryPlan
+from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.model_source import SourceFiles
 from inference_service.quant_policy import QuantChoice
 from inference_service.speed_plan import SpeedPlan
@@ -48,7 +49,11 @@ class BuiltPipeline:
     flags_before: backend_flags.BackendFlags
     resolved: list[Resolved]
     compile_warmup_s: float | None = None
-    size_multiple: int = 16
+    limits: ModelLimits = field(default_factory=lambda: ModelLimits(16, 4096, 4096))
+
+    @property
+    def size_multiple(self) -> int:
+        return self.limits.size_multiple
 
 
 def _check(abort: threading.Event | None, phase: str) -> None:
@@ -96,7 +101,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     if plan.memory.vae_slicing:
         pipe.vae.enable_slicing()
 
-    built = BuiltPipeline(pipe, plan, flags_before, resolved, size_multiple=pipe.vae_scale_factor * 2)
+    built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=_limits(pipe, family))
     speed = plan.speed
     backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32)
     if speed.fuse_qkv:
@@ -122,6 +127,18 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
                                  reason="first call; a warm compile cache spares the next process the inductor "
                                         "compile, not the tracing (on an H200 FLUX: 20.5 s cold, 17.8 s warm)"))
     return built
+
+
+def _limits(pipe, family: FamilySpec) -> ModelLimits:
+    """The sizes and prompt lengths this pipeline's denoiser has positions for."""
+    config = dict(getattr(pipe, family.denoiser).config)
+    counter = None
+    if family.key == "zimage":
+        def counter(prompt: str) -> int:  # the pipeline's own chat template, as it encodes the prompt
+            text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                      add_generation_prompt=True, enable_thinking=True)
+            return len(pipe.tokenizer(text, truncation=True, max_length=512)["input_ids"])
+    return model_limits(family.key, config, pipe.vae_scale_factor, 512, counter)
 
 
 def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:

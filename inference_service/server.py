@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 from diffusion.v1 import inference_pb2, inference_pb2_grpc
 from inference_service.engine import InferenceEngine
+from inference_service.request_rules import RULES
 from inference_service.servicer import InferenceServicer
+from service_kit.security import ServerSecurity
 from service_kit.server_runtime import RunningServer, create_server
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -17,12 +19,13 @@ class InferenceServer:
     engine: InferenceEngine
 
 
-async def create_inference_server(listen: str, engine: InferenceEngine) -> InferenceServer:
+async def create_inference_server(listen: str, engine: InferenceEngine,
+                                  security: ServerSecurity | None = None) -> InferenceServer:
     def register(server):
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(engine), server)
         return [SERVICE_NAME]
 
-    running = await create_server(listen, register)
+    running = await create_server(listen, register, rules=RULES, security=security)
     engine.start()
     running.on_drain.append(engine.close)
     return InferenceServer(running, engine)

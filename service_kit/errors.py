@@ -6,11 +6,33 @@ should do next (AIP-193).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import grpc
 
 ERROR_DOMAIN = "diffusion.v1"
+# A caller's value quoted in an error is cut to this many characters: the status travels in
+# metadata, and a long id must not turn INVALID_ARGUMENT into "metadata exceeds limit".
+ECHO_CHARS = 80
+
+
+def clip(value: object, limit: int = ECHO_CHARS) -> str:
+    """repr() of a caller's value, cut to `limit` characters with the full length said."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = len(value) if isinstance(value, (str, bytes)) else len(text)
+    return f"{text[:limit]}... ({size} characters)"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One bad field of a request, as google.rpc.BadRequest reports it: `field` is its path, e.g. holder.client_id."""
+
+    field: str
+    description: str
+    reason: str = ""  # the ErrorInfo reason this violation answers with, when it is the first
 
 
 class ServiceError(Exception):
@@ -19,16 +41,34 @@ class ServiceError(Exception):
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
     default_reason = "UNKNOWN"
 
-    def __init__(self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None):
+    def __init__(self, message: str, *, reason: str | None = None, metadata: Mapping[str, str] | None = None,
+                 violations: Sequence[FieldViolation] = (), field: str = ""):
         super().__init__(message)
         self.message = message
         self.reason = reason or self.default_reason
         self.metadata = dict(metadata or {})
+        # INVALID_ARGUMENT names the fields at fault (google.rpc.BadRequest); `field` is the one-field shorthand.
+        self.violations = tuple(violations) or ((FieldViolation(field, message),) if field else ())
 
 
 class InvalidArgument(ServiceError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     default_reason = "INVALID_ARGUMENT"
+
+
+class Unauthenticated(ServiceError):
+    """No credentials, or credentials this server does not know."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    default_reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(ServiceError):
+    """The caller is known but may not do this: a path outside the roots, another caller's resource, a priority above
+    its ceiling."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+    default_reason = "PERMISSION_DENIED"
 
 
 class NotFound(ServiceError):

@@ -7,13 +7,15 @@ import json
 import logging
 import signal
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable
+from typing import Awaitable, Callable, Iterable, Mapping
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from service_kit.error_interceptor import ErrorInterceptor
+from service_kit.request_limits import Limit, Rules
+from service_kit.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,12 @@ log = logging.getLogger(__name__)
 # Recent gRPC cores time out unanswered pings by ping_timeout_ms, not keepalive_timeout_ms:
 # without it a frozen (SIGSTOPped) holder kept its lease for a minute.
 KEEPALIVE_MS = 2000
+# The largest request any method accepts. Every field is bounded by the services' request limits,
+# and the largest valid request is far below this (a test computes it); 64 MiB let one caller make
+# a server hold and parse tens of megabytes per call.
+MAX_REQUEST_BYTES = 4 * 2**20
+# The largest response: a Generate result carries its images (the generation limits keep them under it).
+MAX_RESPONSE_BYTES = 256 * 2**20
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),
@@ -31,8 +39,8 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+    ("grpc.max_send_message_length", MAX_RESPONSE_BYTES),
 )
 CLIENT_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
@@ -40,8 +48,13 @@ CLIENT_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.http2.ping_timeout_ms", KEEPALIVE_MS),
-    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_RESPONSE_BYTES),
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
 )
+
+
+# The standard health service's request: each distinct service name costs the server a watcher entry.
+HEALTH_RULES = {"grpc.health.v1.HealthCheckRequest": Rules({"service": Limit(max_len=256)})}
 
 
 @dataclass
@@ -70,17 +83,25 @@ class RunningServer:
 async def create_server(
     listen: str,
     register: Callable[[grpc.aio.Server], Iterable[str]],
+    *,
+    rules: Mapping[str, Rules] | None = None,
+    security: ServerSecurity | None = None,
 ) -> RunningServer:
     """Builds and starts an aio server on `listen` (port 0 picks one) with health and reflection.
 
-    `register` adds the servicers and returns their full service names.
+    `register` adds the servicers and returns their full service names; `rules` are the service's
+    request limits; `security` its tokens and TLS (none: plaintext, every caller an anonymous admin).
     """
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    security = security or ServerSecurity()
+    interceptor = ErrorInterceptor({**HEALTH_RULES, **(rules or {})}, security.tokens)
+    server = grpc.aio.server(interceptors=[interceptor], options=SERVER_OPTIONS)
     service_names = tuple(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
+    credentials = security.credentials()
+    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
+    security.warn_if_open(listen)
     if port == 0:
         raise OSError(f"could not bind {listen}")
     await server.start()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from diffusion_kit.compile_cache import configure_compile_cache
 from training_service.server import create_training_server
+from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log
+from service_kit.security import add_broker_client_flags, add_server_flags, broker_client_security, server_security
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("training_service")
@@ -27,12 +29,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
     p.add_argument("--broker", type=parse_listen, help="the GPU broker's HOST:PORT; without it jobs take no lease")
     p.add_argument("--client-id", default="training-0", help="this instance's name at the broker")
-    p.add_argument("--output-dir", type=Path,
-                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "training",
+    p.add_argument("--output-dir", type=Path, default=default_data_dir() / "training",
                    help="where jobs keep checkpoints and outputs")
-    p.add_argument("--adapter-store", type=Path,
-                   default=Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "diffusion-services" / "adapters",
+    p.add_argument("--adapter-store", type=Path, default=default_data_dir() / "adapters",
                    help="the LoRA adapter store finished jobs publish to (the inference service reads it)")
+    p.add_argument("--model-root", type=Path, action="append", metavar="DIR",
+                   help="a directory a job's local base may be read from (repeatable). Default: the Hugging Face "
+                        "cache and ~/.local/share/diffusion-services/models")
+    p.add_argument("--dataset-root", type=Path, action="append", metavar="DIR",
+                   help="a directory datasets may be read from (repeatable). Default: "
+                        "~/.local/share/diffusion-services/datasets")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for SPEED_MODE_DEFAULT runs (aot_eager in CPU tests)")
     p.add_argument("--compile-cache-dir", type=Path,
@@ -45,10 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "loses at most this much training (0: only what the request's checkpoint_every asks)")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
+    add_server_flags(p)
+    add_broker_client_flags(p)
     return p
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, security, broker_security) -> None:
     from diffusion_kit.host_caps import probe_host
 
     caps = await asyncio.to_thread(probe_host, optimizers=True)
@@ -56,7 +64,7 @@ async def _main(args: argparse.Namespace) -> None:
     if args.broker:
         from gpu_broker.client import BrokerClient
 
-        broker = BrokerClient(args.broker)
+        broker = BrokerClient(args.broker, broker_security)
     probe_free = None
     if caps.device_kind == "cuda":  # AUTO and the memory note read the device as it is at each request
         import torch
@@ -64,7 +72,11 @@ async def _main(args: argparse.Namespace) -> None:
         probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
                                            args.client_id, args.compile_backend, args.drain_timeout,
-                                           args.checkpoint_minutes, probe_free)
+                                           args.checkpoint_minutes, probe_free,
+                                           Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
+                                                    "--model-root"),
+                                           Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
+                                                    "--dataset-root"), security)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port)
@@ -72,10 +84,12 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    security, broker_security = server_security(args, parser), broker_client_security(args, parser)
     structured_log.configure(args.log_level)
     configure_compile_cache(args.compile_cache_dir)  # inherited by every trainer child
-    asyncio.run(_main(args))
+    asyncio.run(_main(args, security, broker_security))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def _read(path: str) -> bytes:
 def adapter(info) -> pb.Adapter:
     msg = pb.Adapter(adapter_id=info.adapter_id, family=FAMILIES[info.family].proto, base=info.base, rank=info.rank,
                      alpha=info.alpha, steps=info.steps, resolution=info.resolution,
-                     trigger_words=list(info.trigger_words), job_id=info.job_id, size_bytes=info.size_bytes)
+                     trigger_words=list(info.trigger_words), job_id=info.job_id, size_bytes=info.size_bytes,
+                     owner=info.owner)
     msg.create_time.FromNanoseconds(int(info.created * 1e9))
     return msg
 
@@ -63,7 +64,8 @@ def adapter(info) -> pb.Adapter:
 def job(record: JobRecord) -> pb.TrainingJob:
     msg = pb.TrainingJob(job_id=record.job_id, state=STATES[record.state], family=FAMILIES[record.family].proto,
                          steps_completed=record.steps_completed, total_steps=record.total_steps,
-                         last_sequence=record.last_sequence, adapter_id=record.adapter_id, error=record.error)
+                         last_sequence=record.last_sequence, adapter_id=record.adapter_id, error=record.error,
+                         owner=record.owner)
     json_format.Parse(record.request_json, msg.request)
     msg.create_time.FromNanoseconds(int(record.created * 1e9))
     msg.update_time.FromNanoseconds(int(record.updated * 1e9))

@@ -11,7 +11,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from service_kit.errors import NotFound
+import shutil
+
+from service_kit.auth import Caller
+from service_kit.errors import FailedPrecondition, NotFound, clip
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "SUSPENDED"}
 
@@ -29,6 +32,7 @@ class JobRecord:
     error: str = ""
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    owner: str = "anonymous"  # the identity that started it; only it (or an admin) sees and acts on it
 
 
 class JobStore:
@@ -66,11 +70,27 @@ class JobStore:
         self._write(record)
         return record
 
-    def get(self, job_id: str) -> JobRecord:
-        try:
-            return self.jobs[job_id]
-        except KeyError:
-            raise NotFound(f"no training job {job_id!r}", reason="JOB_NOT_FOUND") from None
+    def get(self, job_id: str, caller: Caller | None = None) -> JobRecord:
+        """The job; with a `caller`, only a job it may see (another's answers like an unknown one)."""
+        record = self.jobs.get(job_id)
+        if record is None or (caller is not None and not caller.may_act_on(record.owner)):
+            raise NotFound(f"no training job {clip(job_id)}", reason="JOB_NOT_FOUND")
+        return record
+
+    def visible(self, caller: Caller) -> list[JobRecord]:
+        """The caller's jobs (an admin's: all), newest first."""
+        mine = [r for r in self.jobs.values() if caller.may_act_on(r.owner)]
+        return sorted(mine, key=lambda r: (r.created, r.job_id), reverse=True)
+
+    def delete(self, record: JobRecord) -> None:
+        """Removes an ended job's folder: record, events, checkpoint, samples."""
+        if record.state not in TERMINAL:
+            raise FailedPrecondition(f"job {record.job_id} is {record.state}; stop it before deleting it",
+                                     reason="JOB_NOT_ENDED")
+        trash = self.root / f".deleting-{record.job_id}"
+        os.replace(self.dir(record.job_id), trash)
+        del self.jobs[record.job_id]
+        shutil.rmtree(trash, ignore_errors=True)
 
     def update(self, record: JobRecord, **fields) -> None:
         for k, v in fields.items():

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
+from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, Unavailable
 from service_kit.service_process import ROOT
 from diffusion_kit.resolved import Resolved, Source
@@ -44,7 +45,7 @@ class JobManager:
         self._runners: dict[str, asyncio.Task] = {}  # job id -> lease + child + follower, until the lease is back
         self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
 
-    async def start(self, req: pb.StartTrainingRequest, checked: Preflighted) -> JobRecord:
+    async def start(self, req: pb.StartTrainingRequest, checked: Preflighted, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
             raise Unavailable("the training service is stopping; start the job on its next run",
                               reason="SERVICE_STOPPING")
@@ -70,11 +71,11 @@ class JobManager:
                   "sample_prompts": list(settings.sample_prompts),
                   "dataset_fingerprint": dataset.fingerprint(checked.examples)}
         run = {"recipe": recipe, "adapter_id": adapter_id, "adapter_store": str(self.adapter_store_root),
-               "trigger_words": list(req.trigger_words), "hub_repo": checked.hub_repo}
+               "trigger_words": list(req.trigger_words), "hub_repo": checked.hub_repo, "owner": caller.identity}
         if req.resume_job_id:
-            run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe))
+            run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe, caller))
         record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
-                                             total_steps=total_steps))
+                                             total_steps=total_steps, owner=caller.identity))
         self._claimed[adapter_id] = job_id
         (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
         estimate = Resolved("gpu_memory", "", format_bytes(checked.need_bytes), Source.AUTO,
@@ -237,8 +238,8 @@ class JobManager:
                           steps_completed=finished["steps_completed"],
                           error=finished["message"] if finished["state"] == "FAILED" else "")
 
-    async def watch(self, job_id: str, from_sequence: int):
-        record = self.store.get(job_id)
+    async def watch(self, job_id: str, from_sequence: int, caller: Caller = ANONYMOUS):
+        record = self.store.get(job_id, caller)
         next_seq = max(1, from_sequence)
         while True:
             for event in self.store.events(job_id, next_seq):
@@ -252,8 +253,8 @@ class JobManager:
                 elif record.state in TERMINAL and record.last_sequence < next_seq:
                     return
 
-    async def stop(self, job_id: str, discard: bool) -> JobRecord:
-        record = self.store.get(job_id)
+    async def stop(self, job_id: str, discard: bool, caller: Caller = ANONYMOUS) -> JobRecord:
+        record = self.store.get(job_id, caller)
         proc = self._procs.get(job_id)
         if record.state in TERMINAL or proc is None:
             raise FailedPrecondition(f"job {job_id} has already ended ({record.state})", reason="JOB_ENDED")
@@ -261,9 +262,18 @@ class JobManager:
         await proc.stdin.drain()
         return record
 
-    def _resumable_checkpoint(self, job_id: str, recipe: dict) -> Path:
+    def delete(self, job_id: str, caller: Caller = ANONYMOUS) -> JobRecord:
+        """Removes an ended job's record and files; a job still waiting or running is refused."""
+        record = self.store.get(job_id, caller)
+        if job_id in self._runners or job_id in self._procs:
+            raise FailedPrecondition(f"job {job_id} is still {record.state}; stop it before deleting it",
+                                     reason="JOB_NOT_ENDED")
+        self.store.delete(record)
+        return record
+
+    def _resumable_checkpoint(self, job_id: str, recipe: dict, caller: Caller = ANONYMOUS) -> Path:
         """The checkpoint a resumed run continues from, checked against the new run before anything starts."""
-        old = self.store.get(job_id)
+        old = self.store.get(job_id, caller)
         checkpoint = self.store.dir(job_id) / "checkpoint"
         if old.state not in TERMINAL or not (checkpoint / "identity.json").is_file():
             raise FailedPrecondition(f"job {job_id} ({old.state}) has no checkpoint to resume from",

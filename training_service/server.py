@@ -10,19 +10,23 @@ SERVICE_NAME = training_pb2.DESCRIPTOR.services_by_name["TrainingService"].full_
 async def create_training_server(listen: str, caps, output_root, adapter_store_root, broker=None,
                                  client_id: str = "training-0", compile_backend: str = "inductor",
                                  drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0,
-                                 probe_free_memory=None) -> RunningServer:
+                                 probe_free_memory=None, model_roots=None, dataset_roots=None,
+                                 security=None) -> RunningServer:
+    """`model_roots` and `dataset_roots` (diffusion_kit.path_roots.Roots) confine what requests may read;
+    `security` is the server's tokens and TLS (service_kit.security.ServerSecurity)."""
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
+    from training_service.request_rules import RULES
     from training_service.servicer import TrainingServicer
 
     jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend,
                       checkpoint_minutes, encode_cache_dir=output_root / "encode-cache")
 
     def register(server):
-        servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory)
+        servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory, model_roots, dataset_roots)
         training_pb2_grpc.add_TrainingServiceServicer_to_server(servicer, server)
         return [SERVICE_NAME]
 
-    running = await create_server(listen, register)
+    running = await create_server(listen, register, rules=RULES, security=security)
     running.on_drain.append(lambda: jobs.drain(drain_timeout_s))
     return running

@@ -12,6 +12,7 @@ from diffusion_kit.adapter_store import check_adapter_id
 from diffusion_kit.families import FamilySpec, UnknownFamily, check_pipeline_dir, family_from_proto
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.hub_fetch import fetch_small
+from diffusion_kit.path_roots import Roots
 from diffusion_kit.weights_on_disk import component_params
 from diffusion_kit.resolved import Resolved
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -46,7 +47,9 @@ def is_prequantized(base_dir: Path, family: FamilySpec) -> bool:
     return bool(quant.get("load_in_4bit")) or quant.get("quant_method") == "bitsandbytes" and quant.get("bnb_4bit_quant_type")
 
 
-def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -> Preflighted:
+def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path, model_roots: Roots | None = None,
+              dataset_roots: Roots | None = None) -> Preflighted:
+    """Every check, in order; the roots confine the base and the dataset (the servicer always passes them)."""
     try:
         family = family_from_proto(req.family)
     except UnknownFamily as e:
@@ -54,8 +57,11 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
     kind = req.base.WhichOneof("source")
     hub_repo = None
     if kind == "local_dir":
-        base_dir = Path(req.base.local_dir).expanduser()
+        base_dir = model_roots.confine(req.base.local_dir, "base.local_dir") if model_roots else \
+            Path(req.base.local_dir).expanduser()
         found = check_pipeline_dir(base_dir, "base")
+        if model_roots:
+            model_roots.confine_tree(base_dir, "base.local_dir")
     elif kind == "hub_repo":
         # model_index.json and the denoiser's config only: the job itself fetches the weights.
         hub_repo = (req.base.hub_repo.repo_id, req.base.hub_repo.revision or None)
@@ -91,7 +97,7 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path) -
                                        req.gradient_checkpointing)
     precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized, shape, params)
     need = precision_policy.check_fits(caps, family, precision_policy.value(precision.applied), params, shape)
-    examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt)
+    examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt, dataset_roots)
     run = resolve_run(req, caps, family, precision, examples[0].caption)
     check_output(output_root)
     return Preflighted(family, base_dir, examples, precision, prequantized, run, need, hub_repo)

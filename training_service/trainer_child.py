@@ -89,7 +89,7 @@ def main(job_dir: Path) -> int:
     info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=base, rank=cfg.rank,
                        alpha=cfg.alpha, lora_config=lora_config,
                        steps=steps, resolution=cfg.resolution, trigger_words=tuple(run.get("trigger_words", ())),
-                       job_id=job_dir.name)
+                       job_id=job_dir.name, owner=run.get("owner", ""))
     try:
         AdapterStore(Path(run["adapter_store"])).publish(info, export / WEIGHTS)
     except FailedPrecondition as e:  # the id was taken while this job trained: keep the work, say where it is

@@ -26,23 +26,23 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64iffusion/v1/broker.proto\x12\x0c\x64iffusion.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\x06Holder\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"\xd9\x01\n\x0e\x41\x63quireRequest\x12$\n\x06holder\x18\x01 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x19\n\x0c\x64\x65vice_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12-\n\x0bwait_policy\x18\x04 \x01(\x0e\x32\x18.diffusion.v1.WaitPolicy\x12\x30\n\rrelease_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_device_index\"\xd8\x03\n\x0f\x41\x63quireResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12+\n\x06queued\x18\n \x01(\x0b\x32\x19.diffusion.v1.LeaseQueuedH\x00\x12\x33\n\npreempting\x18\x0b \x01(\x0b\x32\x1d.diffusion.v1.LeasePreemptingH\x00\x12&\n\x07granted\x18\x0c \x01(\x0b\x32\x13.diffusion.v1.LeaseH\x00\x12;\n\x11preempt_requested\x18\r \x01(\x0b\x32\x1e.diffusion.v1.PreemptRequestedH\x00\x12;\n\x11preempt_withdrawn\x18\x0e \x01(\x0b\x32\x1e.diffusion.v1.PreemptWithdrawnH\x00\x12\x37\n\x0f\x61\x62ort_requested\x18\x0f \x01(\x0b\x32\x1c.diffusion.v1.AbortRequestedH\x00\x12/\n\x08released\x18\x10 \x01(\x0b\x32\x1b.diffusion.v1.LeaseReleasedH\x00\x42\x07\n\x05\x65vent\"/\n\x0bLeaseQueued\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"o\n\x0fLeasePreempting\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\x05\x12\x18\n\x10victim_lease_ids\x18\x02 \x03(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x94\x01\n\x10PreemptRequested\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66or_request_id\x18\x03 \x01(\t\x12(\n\nfor_holder\x18\x04 \x01(\x0b\x32\x14.diffusion.v1.Holder\"4\n\x10PreemptWithdrawn\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"2\n\x0e\x41\x62ortRequested\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\rLeaseReleased\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.diffusion.v1.Lease\x12\'\n\x04held\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xdf\x02\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x14\n\x0c\x64\x65vice_index\x18\x04 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x11\n\texclusive\x18\x06 \x01(\x08\x12\x30\n\x0cgranted_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05state\x18\x08 \x01(\x0e\x32\x18.diffusion.v1.LeaseState\x12\x34\n\x10preempt_deadline\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x18missed_preempt_deadlines\x18\n \x01(\x05\x12\x18\n\x10granted_priority\x18\x0b \x01(\x05\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"^\n\x0fReleaseResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.diffusion.v1.Lease\x12\'\n\x04held\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"S\n\rCancelRequest\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12\x12\n\x08lease_id\x18\x02 \x01(\tH\x00\x12\x0e\n\x06reason\x18\x03 \x01(\tB\x08\n\x06target\">\n\x0e\x43\x61ncelResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.diffusion.v1.CancelOutcome\"\x0f\n\rStatusRequest\":\n\x0eStatusResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.BrokerState\"^\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0cleased_bytes\x18\x05 \x01(\x03\"\xae\x02\n\x0eWaitingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06holder\x18\x02 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x19\n\x0c\x64\x65vice_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12&\n\x05state\x18\x05 \x01(\x0e\x32\x17.diffusion.v1.WaitState\x12\x10\n\x08position\x18\x06 \x01(\x05\x12\x30\n\x0c\x61rrival_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12\x65\x66\x66\x65\x63tive_priority\x18\x08 \x01(\x05\x12\x18\n\x10victim_lease_ids\x18\t \x03(\tB\x0f\n\r_device_index\"\x98\x01\n\x0b\x42rokerState\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.diffusion.v1.Device\x12#\n\x06leases\x18\x02 \x03(\x0b\x32\x13.diffusion.v1.Lease\x12+\n\x05queue\x18\x03 \x03(\x0b\x32\x1c.diffusion.v1.WaitingRequest\x12\x10\n\x08sequence\x18\x04 \x01(\x03\"\x0e\n\x0cWatchRequest\"\xa3\x01\n\rWatchResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\ntransition\x18\x03 \x01(\x0b\x32\x18.diffusion.v1.Transition\x12(\n\x05state\x18\x04 \x01(\x0b\x32\x19.diffusion.v1.BrokerState\"\xaa\x01\n\nTransition\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.diffusion.v1.TransitionKind\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12$\n\x06holder\x18\x04 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x14\n\x0c\x64\x65vice_index\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t*[\n\nWaitPolicy\x12\x1b\n\x17WAIT_POLICY_UNSPECIFIED\x10\x00\x12\x15\n\x11WAIT_POLICY_QUEUE\x10\x01\x12\x19\n\x15WAIT_POLICY_FAIL_FAST\x10\x02*]\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12LEASE_STATE_ACTIVE\x10\x01\x12\x1a\n\x16LEASE_STATE_PREEMPTING\x10\x02*Y\n\tWaitState\x12\x1a\n\x16WAIT_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11WAIT_STATE_QUEUED\x10\x01\x12\x19\n\x15WAIT_STATE_PREEMPTING\x10\x02*\xc0\x03\n\x0eTransitionKind\x12\x1f\n\x1bTRANSITION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSITION_KIND_SNAPSHOT\x10\x01\x12\x1a\n\x16TRANSITION_KIND_QUEUED\x10\x02\x12\x1c\n\x18TRANSITION_KIND_REJECTED\x10\x03\x12\x1b\n\x17TRANSITION_KIND_GRANTED\x10\x04\x12%\n!TRANSITION_KIND_PREEMPT_REQUESTED\x10\x05\x12%\n!TRANSITION_KIND_PREEMPT_WITHDRAWN\x10\x06\x12+\n\'TRANSITION_KIND_PREEMPT_DEADLINE_MISSED\x10\x07\x12\x1c\n\x18TRANSITION_KIND_RELEASED\x10\x08\x12\x1f\n\x1bTRANSITION_KIND_HOLDER_LOST\x10\t\x12\x1d\n\x19TRANSITION_KIND_CANCELLED\x10\n\x12#\n\x1fTRANSITION_KIND_ABORT_REQUESTED\x10\x0b\x12\x1a\n\x16TRANSITION_KIND_FAILED\x10\x0c*z\n\rCancelOutcome\x12\x1e\n\x1a\x43\x41NCEL_OUTCOME_UNSPECIFIED\x10\x00\x12%\n!CANCEL_OUTCOME_REMOVED_FROM_QUEUE\x10\x01\x12\"\n\x1e\x43\x41NCEL_OUTCOME_ABORT_REQUESTED\x10\x02\x32\xf2\x02\n\x10GpuBrokerService\x12H\n\x07\x41\x63quire\x12\x1c.diffusion.v1.AcquireRequest\x1a\x1d.diffusion.v1.AcquireResponse0\x01\x12\x46\n\x07Release\x12\x1c.diffusion.v1.ReleaseRequest\x1a\x1d.diffusion.v1.ReleaseResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.diffusion.v1.CancelRequest\x1a\x1c.diffusion.v1.CancelResponse\x12\x43\n\x06Status\x12\x1b.diffusion.v1.StatusRequest\x1a\x1c.diffusion.v1.StatusResponse\x12\x42\n\x05Watch\x12\x1a.diffusion.v1.WatchRequest\x1a\x1b.diffusion.v1.WatchResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64iffusion/v1/broker.proto\x12\x0c\x64iffusion.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\">\n\x06Holder\x12\x11\n\tclient_id\x18\x01 \x01(\t\x12\x0f\n\x07purpose\x18\x02 \x01(\t\x12\x10\n\x08priority\x18\x03 \x01(\x05\"\xd9\x01\n\x0e\x41\x63quireRequest\x12$\n\x06holder\x18\x01 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x19\n\x0c\x64\x65vice_index\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12-\n\x0bwait_policy\x18\x04 \x01(\x0e\x32\x18.diffusion.v1.WaitPolicy\x12\x30\n\rrelease_grace\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationB\x0f\n\r_device_index\"\xd8\x03\n\x0f\x41\x63quireResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nrequest_id\x18\x03 \x01(\t\x12+\n\x06queued\x18\n \x01(\x0b\x32\x19.diffusion.v1.LeaseQueuedH\x00\x12\x33\n\npreempting\x18\x0b \x01(\x0b\x32\x1d.diffusion.v1.LeasePreemptingH\x00\x12&\n\x07granted\x18\x0c \x01(\x0b\x32\x13.diffusion.v1.LeaseH\x00\x12;\n\x11preempt_requested\x18\r \x01(\x0b\x32\x1e.diffusion.v1.PreemptRequestedH\x00\x12;\n\x11preempt_withdrawn\x18\x0e \x01(\x0b\x32\x1e.diffusion.v1.PreemptWithdrawnH\x00\x12\x37\n\x0f\x61\x62ort_requested\x18\x0f \x01(\x0b\x32\x1c.diffusion.v1.AbortRequestedH\x00\x12/\n\x08released\x18\x10 \x01(\x0b\x32\x1b.diffusion.v1.LeaseReleasedH\x00\x42\x07\n\x05\x65vent\"/\n\x0bLeaseQueued\x12\x10\n\x08position\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\"o\n\x0fLeasePreempting\x12\x14\n\x0c\x64\x65vice_index\x18\x01 \x01(\x05\x12\x18\n\x10victim_lease_ids\x18\x02 \x03(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x94\x01\n\x10PreemptRequested\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12,\n\x08\x64\x65\x61\x64line\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x16\n\x0e\x66or_request_id\x18\x03 \x01(\t\x12(\n\nfor_holder\x18\x04 \x01(\x0b\x32\x14.diffusion.v1.Holder\"4\n\x10PreemptWithdrawn\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"2\n\x0e\x41\x62ortRequested\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\rLeaseReleased\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.diffusion.v1.Lease\x12\'\n\x04held\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xee\x02\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x14\n\x0c\x64\x65vice_index\x18\x04 \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\x05 \x01(\x03\x12\x11\n\texclusive\x18\x06 \x01(\x08\x12\x30\n\x0cgranted_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x05state\x18\x08 \x01(\x0e\x32\x18.diffusion.v1.LeaseState\x12\x34\n\x10preempt_deadline\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12 \n\x18missed_preempt_deadlines\x18\n \x01(\x05\x12\x18\n\x10granted_priority\x18\x0b \x01(\x05\x12\r\n\x05owner\x18\x0c \x01(\t\"\"\n\x0eReleaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\"^\n\x0fReleaseResponse\x12\"\n\x05lease\x18\x01 \x01(\x0b\x32\x13.diffusion.v1.Lease\x12\'\n\x04held\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"S\n\rCancelRequest\x12\x14\n\nrequest_id\x18\x01 \x01(\tH\x00\x12\x12\n\x08lease_id\x18\x02 \x01(\tH\x00\x12\x0e\n\x06reason\x18\x03 \x01(\tB\x08\n\x06target\">\n\x0e\x43\x61ncelResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.diffusion.v1.CancelOutcome\"\x0f\n\rStatusRequest\":\n\x0eStatusResponse\x12(\n\x05state\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.BrokerState\"^\n\x06\x44\x65vice\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04uuid\x18\x03 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x03\x12\x14\n\x0cleased_bytes\x18\x05 \x01(\x03\"\xae\x02\n\x0eWaitingRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06holder\x18\x02 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x19\n\x0c\x64\x65vice_index\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0cmemory_bytes\x18\x04 \x01(\x03\x12&\n\x05state\x18\x05 \x01(\x0e\x32\x17.diffusion.v1.WaitState\x12\x10\n\x08position\x18\x06 \x01(\x05\x12\x30\n\x0c\x61rrival_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x1a\n\x12\x65\x66\x66\x65\x63tive_priority\x18\x08 \x01(\x05\x12\x18\n\x10victim_lease_ids\x18\t \x03(\tB\x0f\n\r_device_index\"\x98\x01\n\x0b\x42rokerState\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.diffusion.v1.Device\x12#\n\x06leases\x18\x02 \x03(\x0b\x32\x13.diffusion.v1.Lease\x12+\n\x05queue\x18\x03 \x03(\x0b\x32\x1c.diffusion.v1.WaitingRequest\x12\x10\n\x08sequence\x18\x04 \x01(\x03\"\x0e\n\x0cWatchRequest\"\xa3\x01\n\rWatchResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\ntransition\x18\x03 \x01(\x0b\x32\x18.diffusion.v1.Transition\x12(\n\x05state\x18\x04 \x01(\x0b\x32\x19.diffusion.v1.BrokerState\"\xaa\x01\n\nTransition\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.diffusion.v1.TransitionKind\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\t\x12$\n\x06holder\x18\x04 \x01(\x0b\x32\x14.diffusion.v1.Holder\x12\x14\n\x0c\x64\x65vice_index\x18\x05 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t*[\n\nWaitPolicy\x12\x1b\n\x17WAIT_POLICY_UNSPECIFIED\x10\x00\x12\x15\n\x11WAIT_POLICY_QUEUE\x10\x01\x12\x19\n\x15WAIT_POLICY_FAIL_FAST\x10\x02*]\n\nLeaseState\x12\x1b\n\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12LEASE_STATE_ACTIVE\x10\x01\x12\x1a\n\x16LEASE_STATE_PREEMPTING\x10\x02*Y\n\tWaitState\x12\x1a\n\x16WAIT_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11WAIT_STATE_QUEUED\x10\x01\x12\x19\n\x15WAIT_STATE_PREEMPTING\x10\x02*\xc0\x03\n\x0eTransitionKind\x12\x1f\n\x1bTRANSITION_KIND_UNSPECIFIED\x10\x00\x12\x1c\n\x18TRANSITION_KIND_SNAPSHOT\x10\x01\x12\x1a\n\x16TRANSITION_KIND_QUEUED\x10\x02\x12\x1c\n\x18TRANSITION_KIND_REJECTED\x10\x03\x12\x1b\n\x17TRANSITION_KIND_GRANTED\x10\x04\x12%\n!TRANSITION_KIND_PREEMPT_REQUESTED\x10\x05\x12%\n!TRANSITION_KIND_PREEMPT_WITHDRAWN\x10\x06\x12+\n\'TRANSITION_KIND_PREEMPT_DEADLINE_MISSED\x10\x07\x12\x1c\n\x18TRANSITION_KIND_RELEASED\x10\x08\x12\x1f\n\x1bTRANSITION_KIND_HOLDER_LOST\x10\t\x12\x1d\n\x19TRANSITION_KIND_CANCELLED\x10\n\x12#\n\x1fTRANSITION_KIND_ABORT_REQUESTED\x10\x0b\x12\x1a\n\x16TRANSITION_KIND_FAILED\x10\x0c*z\n\rCancelOutcome\x12\x1e\n\x1a\x43\x41NCEL_OUTCOME_UNSPECIFIED\x10\x00\x12%\n!CANCEL_OUTCOME_REMOVED_FROM_QUEUE\x10\x01\x12\"\n\x1e\x43\x41NCEL_OUTCOME_ABORT_REQUESTED\x10\x02\x32\xf2\x02\n\x10GpuBrokerService\x12H\n\x07\x41\x63quire\x12\x1c.diffusion.v1.AcquireRequest\x1a\x1d.diffusion.v1.AcquireResponse0\x01\x12\x46\n\x07Release\x12\x1c.diffusion.v1.ReleaseRequest\x1a\x1d.diffusion.v1.ReleaseResponse\x12\x43\n\x06\x43\x61ncel\x12\x1b.diffusion.v1.CancelRequest\x1a\x1c.diffusion.v1.CancelResponse\x12\x43\n\x06Status\x12\x1b.diffusion.v1.StatusRequest\x1a\x1c.diffusion.v1.StatusResponse\x12\x42\n\x05Watch\x12\x1a.diffusion.v1.WatchRequest\x1a\x1b.diffusion.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'diffusion.v1.broker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WAITPOLICY']._serialized_start=3003
-  _globals['_WAITPOLICY']._serialized_end=3094
-  _globals['_LEASESTATE']._serialized_start=3096
-  _globals['_LEASESTATE']._serialized_end=3189
-  _globals['_WAITSTATE']._serialized_start=3191
-  _globals['_WAITSTATE']._serialized_end=3280
-  _globals['_TRANSITIONKIND']._serialized_start=3283
-  _globals['_TRANSITIONKIND']._serialized_end=3731
-  _globals['_CANCELOUTCOME']._serialized_start=3733
-  _globals['_CANCELOUTCOME']._serialized_end=3855
+  _globals['_WAITPOLICY']._serialized_start=3018
+  _globals['_WAITPOLICY']._serialized_end=3109
+  _globals['_LEASESTATE']._serialized_start=3111
+  _globals['_LEASESTATE']._serialized_end=3204
+  _globals['_WAITSTATE']._serialized_start=3206
+  _globals['_WAITSTATE']._serialized_end=3295
+  _globals['_TRANSITIONKIND']._serialized_start=3298
+  _globals['_TRANSITIONKIND']._serialized_end=3746
+  _globals['_CANCELOUTCOME']._serialized_start=3748
+  _globals['_CANCELOUTCOME']._serialized_end=3870
   _globals['_HOLDER']._serialized_start=108
   _globals['_HOLDER']._serialized_end=170
   _globals['_ACQUIREREQUEST']._serialized_start=173
@@ -62,31 +62,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASERELEASED']._serialized_start=1286
   _globals['_LEASERELEASED']._serialized_end=1378
   _globals['_LEASE']._serialized_start=1381
-  _globals['_LEASE']._serialized_end=1732
-  _globals['_RELEASEREQUEST']._serialized_start=1734
-  _globals['_RELEASEREQUEST']._serialized_end=1768
-  _globals['_RELEASERESPONSE']._serialized_start=1770
-  _globals['_RELEASERESPONSE']._serialized_end=1864
-  _globals['_CANCELREQUEST']._serialized_start=1866
-  _globals['_CANCELREQUEST']._serialized_end=1949
-  _globals['_CANCELRESPONSE']._serialized_start=1951
-  _globals['_CANCELRESPONSE']._serialized_end=2013
-  _globals['_STATUSREQUEST']._serialized_start=2015
-  _globals['_STATUSREQUEST']._serialized_end=2030
-  _globals['_STATUSRESPONSE']._serialized_start=2032
-  _globals['_STATUSRESPONSE']._serialized_end=2090
-  _globals['_DEVICE']._serialized_start=2092
-  _globals['_DEVICE']._serialized_end=2186
-  _globals['_WAITINGREQUEST']._serialized_start=2189
-  _globals['_WAITINGREQUEST']._serialized_end=2491
-  _globals['_BROKERSTATE']._serialized_start=2494
-  _globals['_BROKERSTATE']._serialized_end=2646
-  _globals['_WATCHREQUEST']._serialized_start=2648
-  _globals['_WATCHREQUEST']._serialized_end=2662
-  _globals['_WATCHRESPONSE']._serialized_start=2665
-  _globals['_WATCHRESPONSE']._serialized_end=2828
-  _globals['_TRANSITION']._serialized_start=2831
-  _globals['_TRANSITION']._serialized_end=3001
-  _globals['_GPUBROKERSERVICE']._serialized_start=3858
-  _globals['_GPUBROKERSERVICE']._serialized_end=4228
+  _globals['_LEASE']._serialized_end=1747
+  _globals['_RELEASEREQUEST']._serialized_start=1749
+  _globals['_RELEASEREQUEST']._serialized_end=1783
+  _globals['_RELEASERESPONSE']._serialized_start=1785
+  _globals['_RELEASERESPONSE']._serialized_end=1879
+  _globals['_CANCELREQUEST']._serialized_start=1881
+  _globals['_CANCELREQUEST']._serialized_end=1964
+  _globals['_CANCELRESPONSE']._serialized_start=1966
+  _globals['_CANCELRESPONSE']._serialized_end=2028
+  _globals['_STATUSREQUEST']._serialized_start=2030
+  _globals['_STATUSREQUEST']._serialized_end=2045
+  _globals['_STATUSRESPONSE']._serialized_start=2047
+  _globals['_STATUSRESPONSE']._serialized_end=2105
+  _globals['_DEVICE']._serialized_start=2107
+  _globals['_DEVICE']._serialized_end=2201
+  _globals['_WAITINGREQUEST']._serialized_start=2204
+  _globals['_WAITINGREQUEST']._serialized_end=2506
+  _globals['_BROKERSTATE']._serialized_start=2509
+  _globals['_BROKERSTATE']._serialized_end=2661
+  _globals['_WATCHREQUEST']._serialized_start=2663
+  _globals['_WATCHREQUEST']._serialized_end=2677
+  _globals['_WATCHRESPONSE']._serialized_start=2680
+  _globals['_WATCHRESPONSE']._serialized_end=2843
+  _globals['_TRANSITION']._serialized_start=2846
+  _globals['_TRANSITION']._serialized_end=3016
+  _globals['_GPUBROKERSERVICE']._serialized_start=3873
+  _globals['_GPUBROKERSERVICE']._serialized_end=4243
 # @@protoc_insertion_point(module_scope)

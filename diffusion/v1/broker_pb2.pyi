@@ -179,7 +179,7 @@ class LeaseReleased(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., held: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority")
+    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority", "owner")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class Lease(_message.Message):
     PREEMPT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     MISSED_PREEMPT_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     GRANTED_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     holder: Holder
@@ -202,7 +203,8 @@ class Lease(_message.Message):
     preempt_deadline: _timestamp_pb2.Timestamp
     missed_preempt_deadlines: int
     granted_priority: int
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id",)

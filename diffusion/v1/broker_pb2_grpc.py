@@ -33,6 +33,12 @@ class GpuBrokerServiceStub:
     never double-grants memory, and it preempts holders only when evicting them
     would actually make the waiting request fit; otherwise it answers
     RESOURCE_EXHAUSTED and disturbs no one.
+
+    With authentication on (the broker's --auth-token-file), every call but health and reflection
+    carries "authorization: Bearer <token>" (UNAUTHENTICATED without a known one). A lease belongs to
+    the identity that acquired it: only it, or an admin, may Release or Cancel it (PERMISSION_DENIED).
+    Every string and list of a request is bounded (the limits are in each field's comment); a request
+    beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     def __init__(self, channel):
@@ -76,6 +82,12 @@ class GpuBrokerServiceServicer:
     never double-grants memory, and it preempts holders only when evicting them
     would actually make the waiting request fit; otherwise it answers
     RESOURCE_EXHAUSTED and disturbs no one.
+
+    With authentication on (the broker's --auth-token-file), every call but health and reflection
+    carries "authorization: Bearer <token>" (UNAUTHENTICATED without a known one). A lease belongs to
+    the identity that acquired it: only it, or an admin, may Release or Cancel it (PERMISSION_DENIED).
+    Every string and list of a request is bounded (the limits are in each field's comment); a request
+    beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     def Acquire(self, request, context):
@@ -100,7 +112,7 @@ class GpuBrokerServiceServicer:
 
     def Release(self, request, context):
         """Gives a lease back. The holder's Acquire stream gets `released` and ends.
-        NOT_FOUND for an unknown or already released lease id.
+        NOT_FOUND for an unknown or already released lease id; PERMISSION_DENIED for another identity's lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,7 +121,7 @@ class GpuBrokerServiceServicer:
     def Cancel(self, request, context):
         """Removes a waiting request, or asks a holder to abort its in-flight operation
         (for example a load still downloading weights) through its stream.
-        NOT_FOUND for an unknown id.
+        NOT_FOUND for an unknown id; PERMISSION_DENIED for another identity's request or lease.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +186,12 @@ class GpuBrokerService:
     never double-grants memory, and it preempts holders only when evicting them
     would actually make the waiting request fit; otherwise it answers
     RESOURCE_EXHAUSTED and disturbs no one.
+
+    With authentication on (the broker's --auth-token-file), every call but health and reflection
+    carries "authorization: Bearer <token>" (UNAUTHENTICATED without a known one). A lease belongs to
+    the identity that acquired it: only it, or an admin, may Release or Cancel it (PERMISSION_DENIED).
+    Every string and list of a request is bounded (the limits are in each field's comment); a request
+    beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     @staticmethod

@@ -159,7 +159,7 @@ class LoadResponse(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., phase: _Optional[_Union[LoadPhase, str]] = ..., message: _Optional[str] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., result: _Optional[_Union[LoadedModel, _Mapping]] = ...) -> None: ...
 
 class LoadedModel(_message.Message):
-    __slots__ = ("model_id", "family", "device_name", "device_index", "estimated_footprint_bytes", "resolved", "loaded_time", "adapters")
+    __slots__ = ("model_id", "family", "device_name", "device_index", "estimated_footprint_bytes", "resolved", "loaded_time", "adapters", "limits", "owner")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,8 @@ class LoadedModel(_message.Message):
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
     LOADED_TIME_FIELD_NUMBER: _ClassVar[int]
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: _common_pb2.Family
     device_name: str
@@ -176,7 +178,21 @@ class LoadedModel(_message.Message):
     resolved: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResolvedSetting]
     loaded_time: _timestamp_pb2.Timestamp
     adapters: _containers.RepeatedCompositeFieldContainer[AdapterRef]
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., device_name: _Optional[str] = ..., device_index: _Optional[int] = ..., estimated_footprint_bytes: _Optional[int] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., loaded_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ...) -> None: ...
+    limits: ModelLimits
+    owner: str
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., device_name: _Optional[str] = ..., device_index: _Optional[int] = ..., estimated_footprint_bytes: _Optional[int] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., loaded_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class ModelLimits(_message.Message):
+    __slots__ = ("size_multiple", "max_width", "max_height", "max_prompt_tokens")
+    SIZE_MULTIPLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    size_multiple: int
+    max_width: int
+    max_height: int
+    max_prompt_tokens: int
+    def __init__(self, size_multiple: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("adapter_id", "weight")

@@ -31,6 +31,14 @@ class InferenceServiceStub:
     Every preflight (validation, model checks, precision feasibility, disk) runs
     before the service asks the broker for a GPU, so a doomed request never costs
     the current holder its model.
+
+    Paths in a ModelSource must resolve (symlinks followed) inside the service's --model-root
+    directories; any other path answers PERMISSION_DENIED before the service looks whether it exists.
+    With authentication on (--auth-token-file), every call but health and reflection carries
+    "authorization: Bearer <token>". A generation belongs to its caller (others cannot see or cancel
+    it) and a loaded model to the identity that loaded it (only it or an admin may unload or replace
+    it). Every string and list of a request is bounded (the limits are in each field's comment); a
+    request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     def __init__(self, channel):
@@ -82,6 +90,14 @@ class InferenceServiceServicer:
     Every preflight (validation, model checks, precision feasibility, disk) runs
     before the service asks the broker for a GPU, so a doomed request never costs
     the current holder its model.
+
+    Paths in a ModelSource must resolve (symlinks followed) inside the service's --model-root
+    directories; any other path answers PERMISSION_DENIED before the service looks whether it exists.
+    With authentication on (--auth-token-file), every call but health and reflection carries
+    "authorization: Bearer <token>". A generation belongs to its caller (others cannot see or cancel
+    it) and a loaded model to the identity that loaded it (only it or an admin may unload or replace
+    it). Every string and list of a request is bounded (the limits are in each field's comment); a
+    request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     def Load(self, request, context):
@@ -105,6 +121,7 @@ class InferenceServiceServicer:
 
     def CancelGeneration(self, request, context):
         """Cancels a queued or running generation; it stops at the next step boundary.
+        NOT_FOUND for an unknown generation or another caller's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,6 +129,7 @@ class InferenceServiceServicer:
 
     def Unload(self, request, context):
         """Unloads a model, frees its memory and releases its GPU lease.
+        PERMISSION_DENIED for a model another identity loaded (admins may unload any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -190,6 +208,14 @@ class InferenceService:
     Every preflight (validation, model checks, precision feasibility, disk) runs
     before the service asks the broker for a GPU, so a doomed request never costs
     the current holder its model.
+
+    Paths in a ModelSource must resolve (symlinks followed) inside the service's --model-root
+    directories; any other path answers PERMISSION_DENIED before the service looks whether it exists.
+    With authentication on (--auth-token-file), every call but health and reflection carries
+    "authorization: Bearer <token>". A generation belongs to its caller (others cannot see or cancel
+    it) and a loaded model to the identity that loaded it (only it or an admin may unload or replace
+    it). Every string and list of a request is bounded (the limits are in each field's comment); a
+    request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest naming the field.
     """
 
     @staticmethod

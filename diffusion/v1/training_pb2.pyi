@@ -307,7 +307,7 @@ class TrainingFinished(_message.Message):
     def __init__(self, state: _Optional[_Union[TrainingJobState, str]] = ..., adapter_id: _Optional[str] = ..., steps_completed: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TrainingJob(_message.Message):
-    __slots__ = ("job_id", "state", "family", "request", "steps_completed", "total_steps", "last_sequence", "adapter_id", "create_time", "update_time", "error", "train_time")
+    __slots__ = ("job_id", "state", "family", "request", "steps_completed", "total_steps", "last_sequence", "adapter_id", "create_time", "update_time", "error", "train_time", "owner")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -320,6 +320,7 @@ class TrainingJob(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TRAIN_TIME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: TrainingJobState
     family: _common_pb2.Family
@@ -332,7 +333,8 @@ class TrainingJob(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     error: str
     train_time: _duration_pb2.Duration
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[TrainingJobState, str]] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., request: _Optional[_Union[StartTrainingRequest, _Mapping]] = ..., steps_completed: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_sequence: _Optional[int] = ..., adapter_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    owner: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[TrainingJobState, str]] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., request: _Optional[_Union[StartTrainingRequest, _Mapping]] = ..., steps_completed: _Optional[int] = ..., total_steps: _Optional[int] = ..., last_sequence: _Optional[int] = ..., adapter_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., train_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class StopTrainingRequest(_message.Message):
     __slots__ = ("job_id", "mode")
@@ -361,23 +363,45 @@ class GetTrainingJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[TrainingJob, _Mapping]] = ...) -> None: ...
 
 class ListTrainingJobsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListTrainingJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "next_page_token")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[TrainingJob]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[TrainingJob, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[TrainingJob, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteTrainingJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteTrainingJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: TrainingJob
+    def __init__(self, job: _Optional[_Union[TrainingJob, _Mapping]] = ...) -> None: ...
 
 class ListAdaptersRequest(_message.Message):
-    __slots__ = ("family",)
+    __slots__ = ("family", "page_size", "page_token")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     family: _common_pb2.Family
-    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class Adapter(_message.Message):
-    __slots__ = ("adapter_id", "family", "base", "rank", "alpha", "steps", "resolution", "trigger_words", "job_id", "create_time", "size_bytes")
+    __slots__ = ("adapter_id", "family", "base", "rank", "alpha", "steps", "resolution", "trigger_words", "job_id", "create_time", "size_bytes", "owner")
     ADAPTER_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +413,7 @@ class Adapter(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     adapter_id: str
     family: _common_pb2.Family
     base: str
@@ -400,13 +425,16 @@ class Adapter(_message.Message):
     job_id: str
     create_time: _timestamp_pb2.Timestamp
     size_bytes: int
-    def __init__(self, adapter_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., steps: _Optional[int] = ..., resolution: _Optional[int] = ..., trigger_words: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, adapter_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[str] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., steps: _Optional[int] = ..., resolution: _Optional[int] = ..., trigger_words: _Optional[_Iterable[str]] = ..., job_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_bytes: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ListAdaptersResponse(_message.Message):
-    __slots__ = ("adapters",)
+    __slots__ = ("adapters", "next_page_token")
     ADAPTERS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     adapters: _containers.RepeatedCompositeFieldContainer[Adapter]
-    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, adapters: _Optional[_Iterable[_Union[Adapter, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeleteAdapterRequest(_message.Message):
     __slots__ = ("adapter_id",)

@@ -31,6 +31,13 @@ class TrainingServiceStub:
     A job is a resource that outlives any one stream: StartTraining returns its id,
     and WatchTraining re-attaches from a sequence number, replaying what the watcher missed.
     Every preflight runs before the service asks the broker for a GPU.
+
+    A job belongs to its caller: with authentication on (--auth-token-file), only that identity or an
+    admin can get, watch, stop, delete, list or resume it; another caller's job answers NOT_FOUND. Base
+    paths must resolve (symlinks followed) inside the service's --model-root directories, dataset paths
+    and every file in them inside a --dataset-root; anything else answers PERMISSION_DENIED before the
+    service looks whether it exists. Every string and list of a request is bounded (the limits are in
+    each field's comment); a request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest.
     """
 
     def __init__(self, channel):
@@ -69,6 +76,11 @@ class TrainingServiceStub:
                 request_serializer=diffusion_dot_v1_dot_training__pb2.ListTrainingJobsRequest.SerializeToString,
                 response_deserializer=diffusion_dot_v1_dot_training__pb2.ListTrainingJobsResponse.FromString,
                 _registered_method=True)
+        self.DeleteTrainingJob = channel.unary_unary(
+                '/diffusion.v1.TrainingService/DeleteTrainingJob',
+                request_serializer=diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobRequest.SerializeToString,
+                response_deserializer=diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobResponse.FromString,
+                _registered_method=True)
         self.ListAdapters = channel.unary_unary(
                 '/diffusion.v1.TrainingService/ListAdapters',
                 request_serializer=diffusion_dot_v1_dot_training__pb2.ListAdaptersRequest.SerializeToString,
@@ -87,6 +99,13 @@ class TrainingServiceServicer:
     A job is a resource that outlives any one stream: StartTraining returns its id,
     and WatchTraining re-attaches from a sequence number, replaying what the watcher missed.
     Every preflight runs before the service asks the broker for a GPU.
+
+    A job belongs to its caller: with authentication on (--auth-token-file), only that identity or an
+    admin can get, watch, stop, delete, list or resume it; another caller's job answers NOT_FOUND. Base
+    paths must resolve (symlinks followed) inside the service's --model-root directories, dataset paths
+    and every file in them inside a --dataset-root; anything else answers PERMISSION_DENIED before the
+    service looks whether it exists. Every string and list of a request is bounded (the limits are in
+    each field's comment); a request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest.
     """
 
     def GetTrainingInfo(self, request, context):
@@ -130,21 +149,30 @@ class TrainingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListTrainingJobs(self, request, context):
-        """All jobs, newest first.
+        """The caller's jobs (an admin's: everyone's), newest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTrainingJob(self, request, context):
+        """Deletes an ended job: its record, events, checkpoint and samples (a published adapter stays).
+        FAILED_PRECONDITION while it is pending or running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListAdapters(self, request, context):
-        """The adapters in the store.
+        """The adapters in the store, sorted by id, a page at a time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteAdapter(self, request, context):
-        """Deletes an adapter. FAILED_PRECONDITION while a loaded pipeline uses it.
+        """Deletes an adapter. FAILED_PRECONDITION while a loaded pipeline uses it; PERMISSION_DENIED for an adapter
+        another identity's job published (admins may delete any).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,6 +211,11 @@ def add_TrainingServiceServicer_to_server(servicer, server):
                     request_deserializer=diffusion_dot_v1_dot_training__pb2.ListTrainingJobsRequest.FromString,
                     response_serializer=diffusion_dot_v1_dot_training__pb2.ListTrainingJobsResponse.SerializeToString,
             ),
+            'DeleteTrainingJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTrainingJob,
+                    request_deserializer=diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobRequest.FromString,
+                    response_serializer=diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobResponse.SerializeToString,
+            ),
             'ListAdapters': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAdapters,
                     request_deserializer=diffusion_dot_v1_dot_training__pb2.ListAdaptersRequest.FromString,
@@ -207,6 +240,13 @@ class TrainingService:
     A job is a resource that outlives any one stream: StartTraining returns its id,
     and WatchTraining re-attaches from a sequence number, replaying what the watcher missed.
     Every preflight runs before the service asks the broker for a GPU.
+
+    A job belongs to its caller: with authentication on (--auth-token-file), only that identity or an
+    admin can get, watch, stop, delete, list or resume it; another caller's job answers NOT_FOUND. Base
+    paths must resolve (symlinks followed) inside the service's --model-root directories, dataset paths
+    and every file in them inside a --dataset-root; anything else answers PERMISSION_DENIED before the
+    service looks whether it exists. Every string and list of a request is bounded (the limits are in
+    each field's comment); a request beyond one answers INVALID_ARGUMENT with a google.rpc.BadRequest.
     """
 
     @staticmethod
@@ -361,6 +401,33 @@ class TrainingService:
             '/diffusion.v1.TrainingService/ListTrainingJobs',
             diffusion_dot_v1_dot_training__pb2.ListTrainingJobsRequest.SerializeToString,
             diffusion_dot_v1_dot_training__pb2.ListTrainingJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTrainingJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/diffusion.v1.TrainingService/DeleteTrainingJob',
+            diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobRequest.SerializeToString,
+            diffusion_dot_v1_dot_training__pb2.DeleteTrainingJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,12 +9,13 @@ import grpc
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
+from tests.service_flags import MODEL_ROOTS
 
 
 class InferenceClient:
     # aot_eager: the CPU compile backend for tests; tiny linears must still be quantisable.
     TEST_FLAGS = ("--compile-backend", "aot_eager", "--quant-min-features", "16", "--warmup-resolution", "64",
-                  "--compile-cache-dir", "/tmp/diffusion-services-test-inductor")
+                  "--compile-cache-dir", "/tmp/diffusion-services-test-inductor", *MODEL_ROOTS)
 
     def __init__(self, address: str):
         self.channel = grpc.insecure_channel(address, options=CLIENT_OPTIONS)

@@ -9,6 +9,7 @@ import pytest
 
 from diffusion.v1 import common_pb2 as c
 from tests.inference_service.harness import InferenceClient, decode, result_of
+from tests.service_flags import MODEL_ROOTS
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,7 @@ def cuda_service(tmp_path_factory):
 
     cache = tmp_path_factory.mktemp("inductor-cache")
     proc = start_service("inference_service", "--quant-min-features", "16", "--warmup-resolution", "64",
-                         "--compile-cache-dir", str(cache), timeout=300)
+                         "--compile-cache-dir", str(cache), *MODEL_ROOTS, timeout=300)
     client = InferenceClient(proc.address)
     yield client
     client.close()

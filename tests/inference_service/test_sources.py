@@ -8,6 +8,7 @@ from service_kit.error_interceptor import error_info
 from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient, decode, result_of
 from tests.inference_service.sources_helper import seed_hub_cache, write_gguf, write_single_file
+from tests.service_flags import TMP
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,11 @@ def test_hub_repo_from_the_offline_cache(sources, tiny_models):
 @pytest.mark.parametrize("source, code, reason", [
     (pb.ModelSource(hub_repo=pb.HubRepo(repo_id="nobody/not-cached")), grpc.StatusCode.NOT_FOUND, "NOT_CACHED_OFFLINE"),
     (pb.ModelSource(hub_repo=pb.HubRepo(repo_id="no-slash")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
-    (pb.ModelSource(gguf=pb.GgufTransformer(path="/nonexistent.gguf")), grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+    (pb.ModelSource(gguf=pb.GgufTransformer(path=f"{TMP}/nonexistent.gguf")), grpc.StatusCode.NOT_FOUND,
+     "MODEL_NOT_FOUND"),
+    # Outside the model roots: refused before anything looks whether it exists.
+    (pb.ModelSource(gguf=pb.GgufTransformer(path="/nonexistent.gguf")), grpc.StatusCode.PERMISSION_DENIED,
+     "PATH_NOT_ALLOWED"),
     (pb.ModelSource(), grpc.StatusCode.INVALID_ARGUMENT, "MISSING_SOURCE"),
 ])
 def test_bad_sources(sources, source, code, reason):

@@ -10,13 +10,14 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.test_training_jobs import _wait_first_step, dirs, request  # noqa: F401 (fixture)
 
 
 @pytest.fixture
 def stack(start_broker, dirs):  # noqa: F811
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
-    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(dirs["out"]),
+    proc = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir", str(dirs["out"]),
                          "--adapter-store", str(dirs["adapters"]), timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     yield broker, training_pb2_grpc.TrainingServiceStub(channel)
@@ -79,7 +80,7 @@ def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, ti
     import signal
 
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
-    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
+    proc = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
                          "--adapter-store", str(dirs["adapters"]), timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     service = training_pb2_grpc.TrainingServiceStub(channel)
@@ -103,7 +104,7 @@ def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, t
 
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
     holder = broker.granted("inference-0", priority=10, memory=24 * 2**30)  # the whole card, not preemptible by 0
-    proc = start_service("training_service", "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
+    proc = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir", str(tmp_path / "out"),
                          "--adapter-store", str(dirs["adapters"]), timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     service = training_pb2_grpc.TrainingServiceStub(channel)

@@ -14,6 +14,7 @@ from diffusion_kit.adapter_store import AdapterStore
 from service_kit.error_interceptor import error_info
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from tests.service_flags import TRAINING_ROOTS
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def dirs(tmp_path_factory):
 
 
 def start_training_service(dirs):
-    proc = start_service("training_service", "--output-dir", str(dirs["out"]), "--adapter-store",
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(dirs["out"]), "--adapter-store",
                          str(dirs["adapters"]), "--compile-backend", "aot_eager", timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     return proc, channel, training_pb2_grpc.TrainingServiceStub(channel)
@@ -355,7 +356,7 @@ def test_a_hub_base_is_preflighted_from_two_small_files_and_fetched_by_the_job(t
 
     cache = tmp_path / "hub"
     seed_hub_cache(cache, "tiny-org/tiny-flux", tiny_models["flux1"])
-    proc = start_service("training_service", "--output-dir", str(tmp_path / "out"), "--adapter-store",
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(tmp_path / "out"), "--adapter-store",
                          str(dirs["adapters"]), timeout=180,
                          env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)

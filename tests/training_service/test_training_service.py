@@ -12,12 +12,13 @@ from diffusion.v1 import training_pb2_grpc
 from service_kit.error_interceptor import error_info
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from tests.service_flags import TRAINING_ROOTS
 
 
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
     out = tmp_path_factory.mktemp("training-out")
-    proc = start_service("training_service", "--output-dir", str(out), timeout=180)
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(out), timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     yield training_pb2_grpc.TrainingServiceStub(channel)
     channel.close()
