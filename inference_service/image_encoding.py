@@ -15,6 +15,7 @@ MIME = {pb.IMAGE_FORMAT_PNG: "image/png", pb.IMAGE_FORMAT_WEBP: "image/webp", pb
 DEFAULT_PNG_LEVEL = 1
 DEFAULT_QUALITY = 90
 RECIPE_KEY = "diffusion_recipe"
+JPEG_COMMENT_BYTES = 65_533  # one COM segment: a 16-bit length that counts itself
 
 
 def encode_image(image, fmt: int, quality: int | None, recipe: dict) -> bytes:
@@ -32,12 +33,22 @@ def encode_image(image, fmt: int, quality: int | None, recipe: dict) -> bytes:
         xmp = f'<x:xmpmeta xmlns:x="adobe:ns:meta/"><{RECIPE_KEY}>{_xml_escape(text)}</{RECIPE_KEY}></x:xmpmeta>'
         image.save(buf, format="WEBP", quality=quality or DEFAULT_QUALITY, xmp=xmp.encode())
     elif fmt == pb.IMAGE_FORMAT_JPEG:
-        image.convert("RGB").save(buf, format="JPEG", quality=quality or DEFAULT_QUALITY, comment=text.encode())
+        image.convert("RGB").save(buf, format="JPEG", quality=quality or DEFAULT_QUALITY, comment=_jpeg_comment(recipe))
     elif fmt == pb.IMAGE_FORMAT_RAW_RGB8:
         return image.convert("RGB").tobytes()
     else:
         raise ValueError(f"unknown image format {fmt}")
     return buf.getvalue()
+
+
+def _jpeg_comment(recipe: dict) -> bytes:
+    """The recipe as UTF-8 (escaped JSON took up to 12 bytes a character). The request limits keep it under one
+    comment segment; should the settings ever push it over, they are left out and the recipe says so."""
+    data = json.dumps(recipe, sort_keys=True, ensure_ascii=False).encode()
+    if len(data) > JPEG_COMMENT_BYTES:
+        short = {**{k: v for k, v in recipe.items() if k != "settings"}, "settings_omitted": "too long for a JPEG comment"}
+        data = json.dumps(short, sort_keys=True, ensure_ascii=False).encode()
+    return data
 
 
 def _a1111_line(recipe: dict) -> str:

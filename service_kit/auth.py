@@ -147,6 +147,10 @@ def main(argv: list[str]) -> int:
         return 2
     identity, role = argv[1], argv[2] if len(argv) > 2 else "user"
     ceiling = argv[3] if len(argv) > 3 else str(INT32_MAX if role == "admin" else 100)
+    if not IDENTITY.fullmatch(identity) or role not in ROLES or not re.fullmatch(r"-?\d+", ceiling):
+        print(f"identity: 1-64 letters, digits, '.', '_' or '-'; role: {' or '.join(ROLES)}; max_priority: an "
+              "integer", file=sys.stderr)
+        return 2
     token = secrets.token_urlsafe(32)
     print(f"token (give it to {identity}; it is not stored anywhere): {token}", file=sys.stderr)
     print(f"{identity} {role} {ceiling} {digest(token)}")

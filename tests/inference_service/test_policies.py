@@ -302,3 +302,20 @@ def test_auto_precision_and_memory_agree_on_compile(precision, free, quantised, 
     applied = {r.control: r for r in plan.resolved}
     assert (plan.quant.transformer, applied["memory_mode"].applied, plan.speed.compile) == (quantised, memory, compiled)
     assert ("uncompiled" in applied["transformer_precision"].reason) is noted
+
+
+def test_jpeg_recipe_of_the_longest_prompts_fits_its_comment():
+    """A JPEG comment holds 65,533 bytes: the longest prompt and negative prompt the edge accepts, in four-byte
+    characters, plus a full settings record must still encode (it answered INTERNAL 'Comment is too long')."""
+    from PIL import Image
+
+    from inference_service.image_encoding import encode_image
+    from inference_service.request_rules import MAX_PROMPT_CHARS
+
+    longest = "🦙" * MAX_PROMPT_CHARS
+    recipe = {"model_id": "m" * 128, "prompt": longest, "negative_prompt": longest, "seed": 2**63 - 1,
+              "settings": {f"control_{i}": "x" * 200 for i in range(40)}}
+    from diffusion.v1 import inference_pb2
+
+    data = encode_image(Image.new("RGB", (16, 16)), inference_pb2.IMAGE_FORMAT_JPEG, None, recipe)
+    assert Image.open(__import__("io").BytesIO(data)).info["comment"].decode().count("🦙") == 2 * MAX_PROMPT_CHARS
