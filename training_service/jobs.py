@@ -44,6 +44,7 @@ class JobManager:
         self._draining = False
         self._runners: dict[str, asyncio.Task] = {}  # job id -> lease + child + follower, until the lease is back
         self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
+        self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
@@ -100,11 +101,12 @@ class JobManager:
     async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         try:
             await self._run_leased(record, priority, need_bytes)
-        except asyncio.CancelledError:  # the service stopped while this job still waited for the GPU
+        except asyncio.CancelledError:  # stopped, or the service stopped, while this job still waited for the GPU
             if record.state not in TERMINAL:
-                await self._append(record, "finished", {"state": "CANCELLED", "steps_completed": 0,
-                                                        "message": "the training service stopped before the GPU "
-                                                                   "was granted; nothing ran, start the job again"})
+                why = ("stopped by StopTraining while waiting for the GPU; nothing ran"
+                       if record.job_id in self._stopped_waiting else
+                       "the training service stopped before the GPU was granted; nothing ran, start the job again")
+                await self._append(record, "finished", {"state": "CANCELLED", "steps_completed": 0, "message": why})
         except Exception as e:  # never lose a job silently: whatever broke is its final event
             log.exception("job runner failed")
             if record.state not in TERMINAL:
@@ -256,8 +258,14 @@ class JobManager:
     async def stop(self, job_id: str, discard: bool, caller: Caller = ANONYMOUS) -> JobRecord:
         record = self.store.get(job_id, caller)
         proc = self._procs.get(job_id)
-        if record.state in TERMINAL or proc is None:
+        runner = self._runners.get(job_id)
+        if record.state in TERMINAL or (proc is None and runner is None):
             raise FailedPrecondition(f"job {job_id} has already ended ({record.state})", reason="JOB_ENDED")
+        if proc is None:  # still waiting for its lease: withdraw the request; nothing ran, so nothing to save
+            self._stopped_waiting.add(job_id)
+            runner.cancel()
+            await asyncio.wait([runner])
+            return record
         proc.stdin.write(f"stop {'discard' if discard else 'save'}\n".encode())
         await proc.stdin.drain()
         return record

@@ -120,3 +120,21 @@ def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, t
     assert job["state"] == "CANCELLED" and job["steps_completed"] == 0
     assert [lease.holder.client_id for lease in broker.status().leases] == ["inference-0"]  # undisturbed
     assert holder.kinds_so_far(0.3) == []
+
+
+def test_a_job_waiting_for_the_gpu_can_be_stopped(stack, tiny_models, dirs):  # noqa: F811
+    broker, service = stack
+    holder = broker.granted("inference-0", priority=9)  # the whole device, above the job's priority
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=4)).job_id
+    for _ in range(100):
+        if [w.holder.client_id for w in broker.status().queue] == ["training-0"]:
+            break
+        __import__("time").sleep(0.05)
+    assert service.GetTrainingJob(pb.GetTrainingJobRequest(job_id=job_id)).job.state == pb.TRAINING_JOB_STATE_PENDING
+    service.StopTraining(pb.StopTrainingRequest(job_id=job_id), timeout=10)
+    finished = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))[-1].finished
+    assert finished.state == pb.TRAINING_JOB_STATE_CANCELLED and "StopTraining" in finished.message
+    assert list(broker.status().queue) == [] and holder.kinds_so_far(0.3) == []  # withdrawn; the holder undisturbed
+    with pytest.raises(grpc.RpcError) as e:  # and it stays stopped: nothing trains once the GPU frees
+        service.StopTraining(pb.StopTrainingRequest(job_id=job_id), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
