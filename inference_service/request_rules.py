@@ -23,8 +23,9 @@ RULES: dict[str, Rules] = {
     "diffusion.v1.LoadRequest": Rules({"model_id": _model_id,
                                        "device_index": Limit(min=0, max=1023, reason="BAD_DEVICE_INDEX")}),
     "diffusion.v1.GenerateRequest": Rules({
-        "model_id": _model_id,
-        "prompt": Limit(max_len=MAX_PROMPT_CHARS),
+        "model_id": Limit(max_len=128, required=True, pattern=MODEL_ID, reason="BAD_MODEL_ID",
+                          pattern_says="1-128 letters, digits, '.', '_' or '-'"),
+        "prompt": Limit(max_len=MAX_PROMPT_CHARS),  # required: the engine says so (MISSING_PROMPT)
         "negative_prompt": Limit(max_len=MAX_PROMPT_CHARS),
         "seeds": Limit(max_items=MAX_SEEDS),
         "adapters": Limit(max_items=MAX_ADAPTERS),
@@ -33,6 +34,6 @@ RULES: dict[str, Rules] = {
     "diffusion.v1.AdapterRef": Rules({"adapter_id": Limit(max_len=128, pattern=ADAPTER_ID, reason="BAD_ADAPTER_ID",
                                                           pattern_says="1-128 letters, digits, '.', '_' or '-', "
                                                                        "starting with a letter or digit")}),
-    "diffusion.v1.CancelGenerationRequest": Rules({"generation_id": Limit(max_len=64)}),
-    "diffusion.v1.UnloadRequest": Rules({"model_id": Limit(max_len=128)}),
+    "diffusion.v1.CancelGenerationRequest": Rules({"generation_id": Limit(max_len=64, required=True)}),
+    "diffusion.v1.UnloadRequest": Rules({"model_id": Limit(max_len=128, required=True)}),
 }

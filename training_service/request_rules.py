@@ -15,6 +15,8 @@ MAX_COUNT = 1_000_000  # steps and step intervals
 MAX_PAGE_SIZE = 100
 
 _job_id = Limit(max_len=64, pattern=JOB_ID, pattern_says="1-64 letters, digits, '.', '_' or '-'")
+_required_job_id = Limit(max_len=64, pattern=JOB_ID, pattern_says="1-64 letters, digits, '.', '_' or '-'",
+                         required=True, reason="MISSING_JOB_ID")
 _count = Limit(min=0, max=MAX_COUNT, reason="BAD_VALUE")
 
 RULES: dict[str, Rules] = {
@@ -38,13 +40,14 @@ RULES: dict[str, Rules] = {
         "trigger_words": Limit(max_items=16, max_len=64, reason="BAD_VALUE"),
         "resume_job_id": _job_id,
     }),
-    "diffusion.v1.WatchTrainingRequest": Rules({"job_id": _job_id, "from_sequence": Limit(min=0)}),
-    "diffusion.v1.StopTrainingRequest": Rules({"job_id": _job_id}),
-    "diffusion.v1.GetTrainingJobRequest": Rules({"job_id": _job_id}),
-    "diffusion.v1.DeleteTrainingJobRequest": Rules({"job_id": _job_id}),
+    "diffusion.v1.WatchTrainingRequest": Rules({"job_id": _required_job_id, "from_sequence": Limit(min=0)}),
+    "diffusion.v1.StopTrainingRequest": Rules({"job_id": _required_job_id}),
+    "diffusion.v1.GetTrainingJobRequest": Rules({"job_id": _required_job_id}),
+    "diffusion.v1.DeleteTrainingJobRequest": Rules({"job_id": _required_job_id}),
     "diffusion.v1.ListTrainingJobsRequest": Rules({"page_size": Limit(min=0, max=MAX_PAGE_SIZE),
                                                    "page_token": Limit(max_len=128)}),
     "diffusion.v1.ListAdaptersRequest": Rules({"page_size": Limit(min=0, max=MAX_PAGE_SIZE),
                                                "page_token": Limit(max_len=256)}),
-    "diffusion.v1.DeleteAdapterRequest": Rules({"adapter_id": Limit(max_len=128)}),
+    "diffusion.v1.DeleteAdapterRequest": Rules({"adapter_id": Limit(max_len=128, required=True,
+                                                                    reason="BAD_ADAPTER_ID")}),
 }
