@@ -34,6 +34,7 @@ from service_kit.errors import (
     Cancelled,
     FailedPrecondition,
     Internal,
+    InvalidArgument,
     NotFound,
     PermissionDenied,
     ResourceExhausted,
@@ -164,6 +165,7 @@ class InferenceEngine:
         else:
             source = await asyncio.to_thread(resolve_source, req.source, req.family, self.model_roots)
         plan = plan_load(req, source, self._caps_now(), self.settings)
+        await self._check_grantable(req, plan)
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0, caller))
         try:
@@ -211,6 +213,26 @@ class InferenceEngine:
             return self.caps
         mine = self._model.plan.memory.device_bytes if self._model else 0
         return self.caps.with_free(self._probe_free() + mine)
+
+    async def _check_grantable(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan) -> None:
+        """Before the resident model is evicted: the broker has the device asked for, and it is big enough."""
+        if self.broker is None:
+            return
+        import grpc
+
+        try:
+            devices = list((await self.broker.status()).devices)
+        except grpc.aio.AioRpcError as e:
+            raise Unavailable(f"the GPU broker cannot be asked ({e.code().name}); nothing was unloaded, retry",
+                              reason="BROKER_UNAVAILABLE") from e
+        if req.HasField("device_index") and req.device_index >= len(devices):
+            raise InvalidArgument(f"device_index {req.device_index} does not exist; the broker has devices "
+                                  f"0..{len(devices) - 1}", reason="UNKNOWN_DEVICE", field="device_index")
+        pool = [devices[req.device_index]] if req.HasField("device_index") else devices
+        largest = max((d.total_bytes for d in pool), default=0)
+        if plan.memory.device_bytes > largest:
+            raise ResourceExhausted(f"{plan.model_id} needs {plan.memory.device_bytes / 2**30:.1f} GiB; the largest "
+                                    f"device it may use has {largest / 2**30:.1f} GiB", reason="NEVER_FITS")
 
     def _check_may_replace(self, caller: Caller, what: str) -> None:
         """A resident model is its loader's: another identity may not unload or replace it (admins may)."""

@@ -107,3 +107,32 @@ def test_reload_after_preempt(broker_and_inference, tiny_models):
     assert waiting.done.wait(60) and waiting.error is None, waiting.error
     assert waiting.events[-1].result.images[0].data == first.images[0].data
     assert [l.holder.client_id for l in broker.status().leases] == ["inference-0"]
+
+
+def test_doomed_replacements_leave_the_resident_model_and_its_lease(broker_and_inference, tiny_models, tmp_path):
+    """Each of these used to unload the resident model and release its lease before failing."""
+    import shutil
+
+    broker, client, _ = broker_and_inference()
+    client.load("tiny-z", tiny_models["zimage"])
+    timeline = broker.timeline()
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_models["zimage"], truncated)
+    weights = next((truncated / "transformer").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-100])
+    source = pb.ModelSource(local_dir=str(tiny_models["zimage"]))
+    doomed = [
+        (pb.LoadRequest(model_id="m", source=pb.ModelSource(local_dir=str(truncated))),
+         grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS"),
+        (pb.LoadRequest(model_id="m", source=source, device_index=5), grpc.StatusCode.INVALID_ARGUMENT,
+         "UNKNOWN_DEVICE"),
+        (pb.LoadRequest(model_id="m", source=source, device_index=2**31 - 1), grpc.StatusCode.INVALID_ARGUMENT,
+         "BAD_DEVICE_INDEX"),
+    ]
+    for req, code, reason in doomed:
+        with pytest.raises(grpc.RpcError) as e:
+            client.load_request(req)
+        assert (e.value.code(), error_info(e.value).reason) == (code, reason), e.value.details()
+    assert [m.model_id for m in client.status().models] == ["tiny-z"]
+    assert [l.holder.client_id for l in broker.status().leases] == ["inference-0"]
+    assert timeline.kinds() == ["SNAPSHOT"]  # nothing released, nothing queued
