@@ -184,24 +184,31 @@ def main(argv: list[str] | None = None) -> int:
     address = {"broker": procs[0].address, "inference": procs[1].address, "training": procs[2].address}
     try:
         per_service: dict[str, Counter] = {}
-        t0 = time.perf_counter()
+        seconds: dict[str, float] = {}
         methods = services(address)
         for key in ("broker", "inference", "training"):
+            t0 = time.perf_counter()
             mine = [m for m in methods if m[0] == key]
             counts = per_service.setdefault(key, Counter())
             with grpc.insecure_channel(address[key]) as channel:
                 for i, (_, _, method, cls, streaming) in enumerate(mine):
                     share = args.cases // len(mine) + (1 if i < args.cases % len(mine) else 0)
                     fuzz_method(channel, method, cls, streaming, share, counts, extra, seed=i)
+            seconds[key] = round(time.perf_counter() - t0, 1)
             print(json.dumps({"service": key, "cases": sum(counts.values()), "codes": dict(counts)}), flush=True)
         bad = {k: {c: n for c, n in v.items() if c in ("UNKNOWN", "INTERNAL")} for k, v in per_service.items()}
         if args.out:
+            import subprocess
+
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).resolve().parent.parent).stdout.strip()
             with open(args.out, "a") as f:
                 for key, counts in per_service.items():
                     f.write(json.dumps({"bench": "fuzz", "service": key, "cases": sum(counts.values()),
                                         "codes": dict(sorted(counts.items())),
                                         "unknown_or_internal": sum(bad[key].values()),
-                                        "seconds": round(time.perf_counter() - t0, 1),
+                                        "seconds": seconds[key], "commit": commit,
+                                        "host": "CPU, 2 cores (no GPU); services on loopback",
                                         "command": "python -m tools.fuzz_requests " + " ".join(argv or sys.argv[1:]),
                                         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
         return 1 if any(bad.values()) else 0
