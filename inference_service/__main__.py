@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-max-rank", type=int, default=64,
                    help="the highest adapter rank a compiled model can hotswap without recompiling")
     p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
-    p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, how long running and queued generations have to finish (new ones answer "
+                        "UNAVAILABLE meanwhile)")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
     add_broker_client_flags(p)
@@ -75,7 +77,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
                              adapter_store=AdapterStore(args.adapter_store),
                              model_roots=Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                   "--model-root"))
-    server = await create_inference_server(args.listen, engine, security)
+    server = await create_inference_server(args.listen, engine, security, args.shutdown_grace)
     log.info("inference service started", extra={"fields": {
         "event": "inference.started", "port": server.running.port, "broker": args.broker,
         "device": caps.device_name, "device_kind": caps.device_kind, "quant_schemes": sorted(caps.quant_schemes)}})

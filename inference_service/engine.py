@@ -141,6 +141,7 @@ class InferenceEngine:
         self._runner: asyncio.Task | None = None
         # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
         self._unloaded_by_preempt: tuple[pb.LoadRequest, str, str] | None = None
+        self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
         self._load_abort: threading.Event | None = None
 
     def start(self) -> None:
@@ -150,6 +151,7 @@ class InferenceEngine:
 
     async def load(self, req: pb.LoadRequest, caller: Caller | None = None) -> AsyncIterator[LoadEvent]:
         caller = caller or current_caller()
+        self._refuse_if_draining()
         t0 = time.perf_counter()
         yield LoadEvent("validating", "checking the request, the files and the host")
         check_request(req)
@@ -343,6 +345,7 @@ class InferenceEngine:
     async def generate(self, req: pb.GenerateRequest, generation_id: str = "",
                        caller: Caller | None = None) -> AsyncIterator[GenerationEvent]:
         caller = caller or current_caller()
+        self._refuse_if_draining()
         job_id = generation_id or req.generation_id or self.new_generation_id()
         if job_id in self._jobs:
             raise FailedPrecondition(f"generation id {job_id} is already in use", reason="DUPLICATE_GENERATION_ID")
@@ -505,6 +508,21 @@ class InferenceEngine:
         return {"model": self._model, "running": running, "queue_depth": len(self._pending),
                 "max_queue_depth": self.max_queue_depth,
                 "lease_id": self._model.lease.lease_id if self._model and self._model.lease else ""}
+
+    def _refuse_if_draining(self) -> None:
+        if self._draining:
+            raise Unavailable("this inference service is stopping; retry (another instance, or this one once it is "
+                              "back)", reason="DRAINING")
+
+    async def drain(self, grace_s: float) -> None:
+        """SIGTERM: new work answers UNAVAILABLE at once; the running and queued generations have `grace_s` to
+        finish; then whatever is left is stopped and the model unloaded."""
+        self._draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self._jobs and loop.time() < deadline:  # a job leaves _jobs once its caller has the result
+            await asyncio.sleep(0.05)
+        await self.close()
 
     async def close(self) -> None:
         if self._runner:

@@ -19,13 +19,14 @@ class InferenceServer:
     engine: InferenceEngine
 
 
-async def create_inference_server(listen: str, engine: InferenceEngine,
-                                  security: ServerSecurity | None = None) -> InferenceServer:
+async def create_inference_server(listen: str, engine: InferenceEngine, security: ServerSecurity | None = None,
+                                  drain_grace_s: float = 5.0) -> InferenceServer:
+    """`drain_grace_s`: on SIGTERM, how long running and queued generations have to finish."""
     def register(server):
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(engine), server)
         return [SERVICE_NAME]
 
     running = await create_server(listen, register, rules=RULES, security=security)
     engine.start()
-    running.on_drain.append(engine.close)
+    running.on_drain.append(lambda: engine.drain(drain_grace_s))
     return InferenceServer(running, engine)

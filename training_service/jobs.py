@@ -159,7 +159,7 @@ class JobManager:
                                                    "message": "the training service is stopping: saving a "
                                                               "checkpoint; resume with resume_job_id"})
             try:
-                proc.stdin.write(b"stop suspend\n")
+                proc.stdin.write(b"stop suspend draining\n")
                 await proc.stdin.drain()
             except (BrokenPipeError, ConnectionResetError):
                 pass
@@ -184,7 +184,7 @@ class JobManager:
         await self._append(record, "warning", {"reason": "PREEMPTED",
                                                "message": f"GPU preempted by {event.for_holder.client_id!r}: saving a "
                                                           "checkpoint and releasing"})
-        proc.stdin.write(b"stop suspend\n")
+        proc.stdin.write(b"stop suspend preempted\n")
         await proc.stdin.drain()
         await proc.wait()
 
@@ -214,9 +214,7 @@ class JobManager:
         (self.store.dir(record.job_id) / "trainer.stderr").write_text(stderr)  # kept for the operator
         self._procs.pop(record.job_id, None)
         if finished is None:
-            why = f"the trainer process ended with exit code {code} before finishing"
-            if stderr.strip():
-                why += f": {stderr.strip().splitlines()[-1]}"
+            why = _trainer_end(code, stderr)
             why += self.store.resume_hint(record)
             await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                                     "message": why})
@@ -291,3 +289,32 @@ class JobManager:
             raise FailedPrecondition(f"job {job_id}'s checkpoint is for a different run: {', '.join(changed)} "
                                      "differ; resume with the same settings", reason="CHECKPOINT_MISMATCH")
         return checkpoint
+
+
+def _trainer_end(code: int, stderr: str) -> str:
+    """Why a trainer ended without its `finished` event: the signal that killed it, or the error it printed.
+
+    The last stderr line alone was often a library warning printed long before the cause."""
+    import signal
+
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = f"the trainer process was killed by {name} before finishing"
+        return why + (" (the kernel's out-of-memory killer sends SIGKILL)" if name == "SIGKILL" else "")
+    why = f"the trainer process ended with exit code {code} before finishing"
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if _looks_like_an_error(line)]
+    if errors or lines:
+        why += f": {(errors or lines)[-1].strip()[:300]}"
+    return why
+
+
+def _looks_like_an_error(line: str) -> bool:
+    """A Python exception line ('ValueError: ...', 'torch.OutOfMemoryError: ...'), not a warning."""
+    head = line.split(":", 1)[0].strip()
+    return ":" in line and (head.endswith(("Error", "Exception", "Interrupt")) or head == "Killed") and \
+        "Warning" not in head and " " not in head
+

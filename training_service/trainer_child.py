@@ -1,8 +1,8 @@
 """One training job in its own process: `python -m training_service.trainer_child JOB_DIR [SERVICE_PID]`.
 
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
-`stop save`, `stop discard` or `stop suspend` (the broker preempted the GPU) on stdin, honoured
-at the next step boundary. A crash here never
+`stop save`, `stop discard`, `stop suspend preempted` (the broker preempted the GPU) or
+`stop suspend draining` (the service is stopping) on stdin, honoured at the next step boundary. A crash here never
 takes the service down: the service sees the process end without a `finished` event.
 """
 from __future__ import annotations
@@ -48,7 +48,8 @@ def main(job_dir: Path) -> int:
     def read_stdin():
         for line in sys.stdin:
             parts = line.split()
-            if len(parts) == 2 and parts[0] == "stop":
+            if len(parts) in (2, 3) and parts[0] == "stop":
+                stop["why"] = parts[2] if len(parts) == 3 else ""
                 stop["mode"] = parts[1]
 
     threading.Thread(target=read_stdin, daemon=True).start()
@@ -77,8 +78,9 @@ def main(job_dir: Path) -> int:
         emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
         return 0
     if stop.get("mode") == "suspend":
+        why = "the training service stopped" if stop.get("why") == "draining" else "the GPU was preempted"
         emit("finished", {"state": "SUSPENDED", "steps_completed": steps,
-                          "message": f"the GPU was preempted at step {steps}; checkpoint saved, resume with resume_job_id"})
+                          "message": f"{why} at step {steps}; checkpoint saved, resume with resume_job_id"})
         return 0
     emit("phase", {"phase": "saving"})
     export = recipe.export_adapter(job_dir / "export")

@@ -74,6 +74,7 @@ def test_killed_child_releases_the_lease(stack, tiny_models, dirs):  # noqa: F81
     assert list(broker.status().leases) == []
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))
     assert events[-1].finished.state == pb.TRAINING_JOB_STATE_FAILED
+    assert "killed by SIGKILL" in events[-1].finished.message  # the cause, not the last line of stderr
 
 
 def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
@@ -97,6 +98,9 @@ def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, ti
     job = json.loads((tmp_path / "out" / "jobs" / job_id / "job.json").read_text())
     assert job["state"] == "SUSPENDED" and job["steps_completed"] >= 1
     assert (tmp_path / "out" / "jobs" / job_id / "checkpoint" / "identity.json").is_file()
+    events = [json.loads(line) for line in (tmp_path / "out" / "jobs" / job_id / "events.jsonl").read_text().splitlines()]
+    message = events[-1]["data"]["message"]  # a drain is no preemption, and says so
+    assert "the training service stopped" in message and "preempted" not in message
 
 
 def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
