@@ -381,3 +381,17 @@ def test_training_jobs_belong_to_their_caller(stack):
     assert code_reason(alice.GetTrainingJob, tpb.GetTrainingJobRequest(job_id=job), timeout=5) == \
         (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
     assert not (stack["root"] / "out" / "jobs" / job).exists()
+
+
+def test_a_truncated_training_base_is_refused_before_any_lease(stack):
+    base = stack["root"] / "models" / "truncated-zimage"
+    if not base.exists():
+        shutil.copytree(stack["root"] / "models" / "tiny-zimage", base)
+        weights = next((base / "transformer").glob("*.safetensors"))
+        weights.write_bytes(weights.read_bytes()[:-64])
+    broker = stack["connect"]("broker", "admin")
+    before = broker.Status(broker_pb2.StatusRequest(), timeout=5).state.sequence
+    stub = stack["connect"]("training", "alice")
+    req = training_request(stack, base=ipb.ModelSource(local_dir=str(base)))
+    assert code_reason(stub.StartTraining, req, timeout=30) == (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
+    assert broker.Status(broker_pb2.StatusRequest(), timeout=5).state.sequence == before  # no lease was asked for
