@@ -2,6 +2,7 @@
 
 <root>/<job_id>/job.json      state, steps, adapter, error, times
 <root>/<job_id>/events.jsonl  one event per line: {"sequence", "time", "kind", "data"}; appended, flushed, fsynced
+                              (training_service.event_log keeps the recent ones in memory for watchers)
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import shutil
 
 from service_kit.auth import Caller
 from service_kit.errors import FailedPrecondition, NotFound, clip
+from training_service.event_log import EventLog
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "SUSPENDED"}
 
@@ -40,8 +42,11 @@ class JobStore:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, JobRecord] = {}
+        self._logs: dict[str, EventLog] = {}  # opened on first use: a restart does not scan every old log
         for path in sorted(self.root.glob("*/job.json")):
             record = JobRecord(**json.loads(path.read_text()))
+            # The log is the truth: job.json is rewritten on state changes, not on every event.
+            record.last_sequence = max(record.last_sequence, EventLog.last_sequence_on_disk(path.parent / "events.jsonl"))
             self.jobs[record.job_id] = record
             if record.state not in TERMINAL:  # its child died with the previous service process
                 self._fail_interrupted(record)
@@ -56,7 +61,7 @@ class JobStore:
 
     def resume_hint(self, record: JobRecord) -> str:
         """For a job that ended badly: where it can continue from, or '' when it saved nothing."""
-        saved = [e["data"]["step"] for e in self.events(record.job_id) if e["kind"] == "checkpoint"]
+        saved = [e["data"]["step"] for e in self.all_events(record.job_id) if e["kind"] == "checkpoint"]
         if saved and (self.dir(record.job_id) / "checkpoint" / "identity.json").is_file():
             return f"; its checkpoint at step {saved[-1]} resumes with resume_job_id={record.job_id}"
         return ""
@@ -90,6 +95,7 @@ class JobStore:
         trash = self.root / f".deleting-{record.job_id}"
         os.replace(self.dir(record.job_id), trash)
         del self.jobs[record.job_id]
+        self._logs.pop(record.job_id, None)
         shutil.rmtree(trash, ignore_errors=True)
 
     def update(self, record: JobRecord, **fields) -> None:
@@ -98,21 +104,30 @@ class JobStore:
         record.updated = time.time()
         self._write(record)
 
+    def log(self, job_id: str) -> EventLog:
+        if job_id not in self._logs:
+            self._logs[job_id] = EventLog(self.dir(job_id) / "events.jsonl")
+        return self._logs[job_id]
+
     def append(self, record: JobRecord, kind: str, data: dict) -> dict:
         event = {"sequence": record.last_sequence + 1, "time": time.time(), "kind": kind, "data": data}
-        with open(self.dir(record.job_id) / "events.jsonl", "a") as f:
-            f.write(json.dumps(event) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        self.log(record.job_id).append(event)
         record.last_sequence = event["sequence"]
         return event
 
-    def events(self, job_id: str, from_sequence: int = 0) -> list[dict]:
-        path = self.dir(job_id) / "events.jsonl"
-        if not path.exists():
-            return []
-        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [e for e in out if e["sequence"] >= from_sequence]
+    def events(self, job_id: str, from_sequence: int = 0, limit: int | None = None) -> list[dict]:
+        """Events from `from_sequence` on: the recent ones from memory, older ones a bounded chunk from disk."""
+        return self.log(job_id).read(from_sequence, limit)
+
+    def all_events(self, job_id: str):
+        """Every event of a job, chunk by chunk."""
+        next_seq = 1
+        while True:
+            chunk = self.events(job_id, next_seq)
+            if not chunk:
+                return
+            yield from chunk
+            next_seq = chunk[-1]["sequence"] + 1
 
     def _write(self, record: JobRecord) -> None:
         tmp = self.dir(record.job_id) / "job.json.tmp"

@@ -7,12 +7,13 @@ import logging
 import os
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 
 from diffusion.v1 import training_pb2 as pb
 from google.protobuf import json_format
 from service_kit.auth import ANONYMOUS, Caller
-from service_kit.errors import FailedPrecondition, Unavailable
+from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from service_kit.service_process import ROOT
 from diffusion_kit.resolved import Resolved, Source
 from gpu_broker.inventory import format_bytes
@@ -26,6 +27,7 @@ log = logging.getLogger("training_service.jobs")
 
 
 STDERR_TAIL = 2000
+MAX_WATCHERS_PER_JOB = 64
 
 
 class JobManager:
@@ -45,6 +47,7 @@ class JobManager:
         self._runners: dict[str, asyncio.Task] = {}  # job id -> lease + child + follower, until the lease is back
         self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
         self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
+        self._watching: Counter[str] = Counter()  # live WatchTraining streams per job
 
     async def start(self, req: pb.StartTrainingRequest, checked: Preflighted, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
@@ -239,19 +242,37 @@ class JobManager:
                           error=finished["message"] if finished["state"] == "FAILED" else "")
 
     async def watch(self, job_id: str, from_sequence: int, caller: Caller = ANONYMOUS):
+        """A job's events from `from_sequence`, then live ones until it ends. Recent events come from memory; an
+        older replay is read from disk in bounded chunks off the event loop."""
         record = self.store.get(job_id, caller)
-        next_seq = max(1, from_sequence)
-        while True:
-            for event in self.store.events(job_id, next_seq):
-                yield event
-                next_seq = event["sequence"] + 1
-                if event["kind"] == "finished":
-                    return
-            async with self._changed:
-                if record.last_sequence < next_seq and record.state not in TERMINAL:
-                    await self._changed.wait()
-                elif record.state in TERMINAL and record.last_sequence < next_seq:
-                    return
+        if self._watching[job_id] >= MAX_WATCHERS_PER_JOB:
+            raise ResourceExhausted(f"job {job_id} already has {MAX_WATCHERS_PER_JOB} watchers; close one or watch "
+                                    "again later", reason="TOO_MANY_WATCHERS")
+        self._watching[job_id] += 1
+        try:
+            next_seq = max(1, from_sequence)
+            log = self.store.log(job_id)
+            while True:
+                if log.in_memory(next_seq):
+                    batch = log.read(next_seq)
+                else:
+                    batch = await asyncio.to_thread(log.read, next_seq)
+                for event in batch:
+                    yield event
+                    next_seq = event["sequence"] + 1
+                    if event["kind"] == "finished":
+                        return
+                if batch:
+                    continue
+                async with self._changed:
+                    if record.last_sequence < next_seq and record.state not in TERMINAL:
+                        await self._changed.wait()
+                    elif record.state in TERMINAL and record.last_sequence < next_seq:
+                        return
+        finally:
+            self._watching[job_id] -= 1
+            if not self._watching[job_id]:
+                del self._watching[job_id]
 
     async def stop(self, job_id: str, discard: bool, caller: Caller = ANONYMOUS) -> JobRecord:
         record = self.store.get(job_id, caller)

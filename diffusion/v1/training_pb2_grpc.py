@@ -127,7 +127,8 @@ class TrainingServiceServicer:
 
     def WatchTraining(self, request, context):
         """Streams a job's events from `from_sequence` on: first the missed ones, then live ones,
-        ending after the job's final event. NOT_FOUND for an unknown job.
+        ending after the job's final event. NOT_FOUND for an unknown job; RESOURCE_EXHAUSTED when the
+        job already has 64 watchers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
