@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the longest release grace a holder may ask for (default 600s)")
     p.add_argument("--aging-interval", type=_seconds, default=30.0, metavar="SECONDS",
                    help="each full interval waited adds 1 to a request's queue priority; 0 disables (default 30s)")
+    p.add_argument("--max-waiters", type=int, default=1024, metavar="N",
+                   help="requests that may wait in the queue at once; more answer RESOURCE_EXHAUSTED (default 1024)")
     p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
@@ -49,7 +51,8 @@ async def _main(args: argparse.Namespace, security) -> None:
             devices, source = [], "none"
             log.warning("no devices to lease", extra={"fields": {"reason": str(e)}})
     policy = BrokerPolicy(default_release_grace_s=args.default_release_grace,
-                          max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval)
+                          max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval,
+                          max_waiters=args.max_waiters)
     broker = await create_broker_server(args.listen, devices, policy, security)
     log.info("broker started", extra={"fields": {
         "event": "broker.started", "port": broker.port, "inventory": source,

@@ -207,6 +207,8 @@ class BrokerPolicy:
     max_release_grace_s: float = 600.0
     # Each full interval a request waits adds 1 to its queue priority, so no request starves.
     aging_interval_s: float = 30.0
+    # Requests that may wait at once; more answer RESOURCE_EXHAUSTED (every queue operation costs per waiter).
+    max_waiters: int = 1024
 
 
 class LeaseBook:
@@ -227,6 +229,9 @@ class LeaseBook:
         """Validates and enqueues a request; returns its id. Raises without changing anything."""
         request_id = "req-" + uuid.uuid4().hex[:12]
         try:
+            if len(self._waiters) >= self.policy.max_waiters:
+                raise ResourceExhausted(f"{len(self._waiters)} requests are already waiting (the most this broker "
+                                        "queues); retry later", reason="QUEUE_FULL")
             grace = self._validate(spec)
             waiter = Waiter(request_id, spec, now, self._arrivals, grace)
             plan = self._plan(now, extra=waiter)

@@ -27,6 +27,8 @@ from service_kit.errors import ResourceExhausted, Unavailable
 log = logging.getLogger("gpu_broker.lease")
 
 WATCH_BACKLOG = 10_000
+# Live Watch streams at once: every transition is copied to each of them.
+MAX_WATCHERS = 256
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class LeaseHub:
         return self.book.snapshot(self.clock())
 
     async def watch(self) -> AsyncIterator[WatchEvent]:
+        if len(self._watchers) >= MAX_WATCHERS:
+            raise ResourceExhausted(f"{MAX_WATCHERS} watchers are already attached (the most this broker serves); "
+                                    "retry later", reason="TOO_MANY_WATCHERS")
         watcher = _Watcher()
         self._watchers.add(watcher)
         try:

@@ -100,7 +100,8 @@ class GpuBrokerServiceServicer:
         `released`, after which the stream ends with OK.
 
         Errors: INVALID_ARGUMENT for a malformed request; RESOURCE_EXHAUSTED when the
-        request can never fit, or cannot fit now and `wait_policy` is FAIL_FAST;
+        request can never fit, or cannot fit now and `wait_policy` is FAIL_FAST, or the
+        queue already holds the broker's most waiting requests (--max-waiters, 1024 by default);
         FAILED_PRECONDITION when the broker has no devices; CANCELLED when Cancel
         removed the waiting request; ABORTED when a holder being preempted for this
         request missed its deadline (the message names that holder); UNAVAILABLE
@@ -136,7 +137,8 @@ class GpuBrokerServiceServicer:
 
     def Watch(self, request, context):
         """A snapshot, then one event per lease transition with the state after it.
-        A watcher that falls too far behind is dropped with RESOURCE_EXHAUSTED and may watch again.
+        A watcher that falls too far behind is dropped with RESOURCE_EXHAUSTED and may watch again;
+        beyond 256 watchers at once, Watch answers RESOURCE_EXHAUSTED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

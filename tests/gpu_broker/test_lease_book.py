@@ -168,3 +168,48 @@ def test_invariants_hold_for_any_sequence(ops):
         for lease in snap.leases:
             if lease.state is LeaseState.PREEMPTING:
                 assert lease.preempt_for in waiting
+
+
+def test_the_queue_is_bounded_and_a_refusal_changes_nothing():
+    b = book(max_waiters=3)
+    b.submit(spec("holder", mem=24 * G), now=0)
+    waiting = [b.submit(spec(f"w{i}", mem=G), now=1) for i in range(3)]
+    with pytest.raises(ResourceExhausted) as e:
+        b.submit(spec("one-too-many", mem=G), now=2)
+    assert e.value.reason == "QUEUE_FULL"
+    assert [w.waiter.request_id for w in b.snapshot(3).queue] == waiting
+
+
+def test_only_the_owner_or_an_admin_ends_a_lease():
+    from service_kit.auth import Caller
+    from service_kit.errors import PermissionDenied
+
+    b = book()
+    r = b.submit(AcquireSpec(Holder("alice"), owner="alice"), now=0)
+    lease_id = b.lease_for_request(r).lease_id
+    for call in (lambda c: b.release(lease_id, 1, c), lambda c: b.cancel(1, lease_id=lease_id, caller=c)):
+        with pytest.raises(PermissionDenied):
+            call(Caller("mallory"))
+    assert b.cancel(1, lease_id=lease_id, caller=Caller("alice")) is not None
+    assert b.release(lease_id, 2, Caller("ops", "admin")).lease.owner == "alice"
+
+
+def test_the_broker_serves_a_bounded_number_of_watchers():
+    import asyncio
+
+    from gpu_broker.lease_hub import MAX_WATCHERS, LeaseHub
+
+    async def main():
+        hub = LeaseHub(book())
+        watchers = [hub.watch() for _ in range(MAX_WATCHERS)]
+        for w in watchers:
+            assert (await w.__anext__()).transition is None  # the opening snapshot
+        with pytest.raises(ResourceExhausted) as e:
+            await hub.watch().__anext__()
+        assert e.value.reason == "TOO_MANY_WATCHERS"
+        await watchers[0].aclose()
+        assert (await hub.watch().__anext__()).transition is None
+        for w in watchers[1:]:
+            await w.aclose()
+
+    asyncio.run(main())
