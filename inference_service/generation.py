@@ -1,7 +1,9 @@
 """One generation: the request checked against the loaded model, then the pipeline call with per-step progress.
 
-Cancellation raises from `callback_on_step_end`, so it takes effect at the next step boundary
-and skips the VAE decode of an image nobody wants.
+Cancellation is checked before every model call: the text encoders, each denoiser call (every
+step, and each half of a guided one) and the VAE decode; a call already running finishes first.
+So a cancel (or an expired deadline) during the encode skips the denoise, and one after the last
+step skips the decode of an image nobody wants.
 """
 from __future__ import annotations
 
@@ -166,6 +168,23 @@ class RunControl:
         self.cancel.set()
 
 
+class _CancelPoints:
+    """Raises the cancel error before the next model call: text encoders, denoiser, VAE decoder."""
+
+    def __init__(self, pipe, denoiser: str, check: Callable[[str], None]):
+        self.handles = []
+        modules = [(name, getattr(pipe, name, None)) for name in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+        modules += [(denoiser, getattr(pipe, denoiser, None)),
+                    ("vae decode", getattr(getattr(pipe, "vae", None), "decoder", None))]
+        for what, module in modules:
+            if module is not None:
+                self.handles.append(module.register_forward_pre_hook(lambda *_, what=what: check(what)))
+
+    def close(self):
+        for h in self.handles:
+            h.remove()
+
+
 class _EncodeTimer:
     """Times the text encoders through forward hooks: first entry to last exit."""
 
@@ -204,14 +223,18 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     import torch
 
     t_call = time.perf_counter()
-    marks = {"first_step": None, "last_step": None}
+    marks = {"first_step": None, "last_step": None, "done": 0}
+
+    def check(before: str) -> None:
+        if control.cancel.is_set():
+            raise control.cancel_error or Cancelled(
+                f"generation cancelled before the {before} call (after step {marks['done']} of {spec.steps}): "
+                f"{control.cancel_reason}", reason="GENERATION_CANCELLED")
 
     def callback(_pipe, index, _timestep, tensors):
         now = time.perf_counter()
-        if control.cancel.is_set():
-            raise control.cancel_error or Cancelled(
-                f"generation cancelled at step {index + 1} of {spec.steps}: {control.cancel_reason}",
-                reason="GENERATION_CANCELLED")
+        marks["done"] = index + 1
+        check("next")
         if marks["first_step"] is None:
             marks["first_step"] = timer.end or t_call
             on_phase("denoising")
@@ -234,7 +257,9 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
         pipe.vae.enable_tiling()
     elif tier_may_tile:
         pipe.vae.disable_tiling()
+    check("first")
     timer = _EncodeTimer(pipe)
+    points = _CancelPoints(pipe, family.denoiser, check)
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -244,6 +269,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
             images = pipe(**kwargs).images
     finally:
         timer.close()
+        points.close()
     t_end = time.perf_counter()
     encode = (timer.end - timer.start) if timer.start and timer.end else 0.0
     first = marks["first_step"] or t_call

@@ -112,7 +112,9 @@ class InferenceServiceServicer:
 
     def Generate(self, request, context):
         """Generates images: queue position, one event per denoising step, then the result.
-        A client disconnect or an expired deadline cancels the generation at the next step.
+        A client disconnect, an expired deadline or CancelGeneration stops the generation before its next
+        model call: the text encoders, each denoiser call (every step, and each half of a guided one) or
+        the VAE decode. A model call already running finishes first.
         RESOURCE_EXHAUSTED: the queue is full. FAILED_PRECONDITION: no model with that id is loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -120,7 +122,7 @@ class InferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelGeneration(self, request, context):
-        """Cancels a queued or running generation; it stops at the next step boundary.
+        """Cancels a queued or running generation; it stops before its next model call (see Generate).
         NOT_FOUND for an unknown generation or another caller's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
