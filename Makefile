@@ -35,7 +35,7 @@ lint-proto: $(BUF)
 	$(BUF) format --diff --exit-code
 
 test: $(STAMP) lint-proto
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 ## The main job: broker + inference on loopback, a locally built model, one image over gRPC.
 demo: $(STAMP)
