@@ -17,7 +17,7 @@ import grpc
 from diffusion.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
-from gpu_broker.inventory import format_bytes
+from service_kit.units import format_bytes
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import ROOT, start_service
 

@@ -46,6 +46,11 @@ class FamilySpec:
     # matmul needs more than 16 rows, and a one-row product is bound by reading the weight anyway.
     per_sample_linears: tuple[str, ...] = ()
 
+    @property
+    def is_unet(self) -> bool:
+        """A U-Net family (SDXL): epsilon/v objectives, no base-precision choice, no transformer blocks."""
+        return self.denoiser == "unet"
+
     def is_per_sample(self, fqn: str) -> bool:
         return any(fragment in fqn for fragment in self.per_sample_linears)
 

@@ -18,7 +18,8 @@ def is_consumer_gpu(device_name: str) -> bool:
 
 def default_fast_accum(device_name: str) -> bool:
     """Consumer parts halve fp8 FP32-accumulate throughput, so they want fast accumulate; data-center parts
-    lose little (about 8% on B200 in the reference system's measurements) and keep the accurate path."""
+    lose little (about 8% on a B200, as measured by the HTTP-based system this project replaces) and keep the
+    accurate path."""
     return is_consumer_gpu(device_name)
 
 

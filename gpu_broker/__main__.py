@@ -5,7 +5,8 @@ import argparse
 import asyncio
 import logging
 
-from gpu_broker.inventory import InventoryError, format_bytes, parse_fake_devices, probe_cuda_devices
+from gpu_broker.inventory import InventoryError, parse_fake_devices, probe_cuda_devices
+from service_kit.units import format_bytes
 from gpu_broker.lease_book import BrokerPolicy
 from gpu_broker.server import create_broker_server
 from service_kit import structured_log

@@ -1,12 +1,11 @@
 """Proto messages to and from the lease book's values. No policy here."""
 from __future__ import annotations
 
-from google.protobuf import duration_pb2, timestamp_pb2
-
 from diffusion.v1 import broker_pb2
 from gpu_broker import lease_book as lb
 from gpu_broker.lease_hub import WatchEvent
 from service_kit.errors import InvalidArgument
+from service_kit.proto_time import duration, timestamp
 
 _LEASE_STATE = {lb.LeaseState.ACTIVE: broker_pb2.LEASE_STATE_ACTIVE,
                 lb.LeaseState.PREEMPTING: broker_pb2.LEASE_STATE_PREEMPTING}
@@ -15,18 +14,6 @@ _WAIT_STATE = {lb.WaitState.QUEUED: broker_pb2.WAIT_STATE_QUEUED,
 _CANCEL = {lb.CancelOutcome.REMOVED_FROM_QUEUE: broker_pb2.CANCEL_OUTCOME_REMOVED_FROM_QUEUE,
            lb.CancelOutcome.ABORT_REQUESTED: broker_pb2.CANCEL_OUTCOME_ABORT_REQUESTED}
 _TRANSITION = {kind: broker_pb2.TransitionKind.Value(f"TRANSITION_KIND_{kind.name}") for kind in lb.TransitionKind}
-
-
-def timestamp(t: float) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(t * 1e9))
-    return ts
-
-
-def duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
 
 
 def acquire_spec(req: broker_pb2.AcquireRequest) -> lb.AcquireSpec:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 
 from gpu_broker import placement
-from gpu_broker.inventory import DeviceInfo, format_bytes
+from gpu_broker.inventory import DeviceInfo
+from service_kit.units import format_bytes
 from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import (
     Aborted,

@@ -1,6 +1,6 @@
 """Which waiting request gets which device, and whom to preempt for it: a pure function of the state.
 
-The rules (DESIGN.md, "Broker semantics"):
+The rules (docs/architecture.md places them among the other policies):
 - Waiters are served by effective priority (priority plus queue aging), then arrival.
 - A waiter that fits is granted on the device where it fits most tightly.
 - A waiter that does not fit may preempt holders of strictly lower priority, but only

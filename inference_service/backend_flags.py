@@ -1,7 +1,7 @@
 """Process-wide torch backend flags: snapshotted before a load's speed layer, restored on unload.
 
 Without this, a `max` load's TF32 leaked into a later `off` load, which was then no longer
-bit-identical (a bug the reference system fixed after the fact).
+bit-identical.
 """
 from __future__ import annotations
 

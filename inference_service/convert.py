@@ -1,25 +1,12 @@
 """Engine values to proto messages. No policy here."""
 from __future__ import annotations
 
-from google.protobuf import duration_pb2, timestamp_pb2
-
 from diffusion.v1 import inference_pb2 as pb
 from inference_service.engine import GenerationEvent, LoadedModel, LoadEvent
+from service_kit.proto_time import duration, timestamp
 
 LOAD_PHASES = {name.removeprefix("LOAD_PHASE_").lower(): value for name, value in pb.LoadPhase.items()}
 GEN_PHASES = {name.removeprefix("GENERATION_PHASE_").lower(): value for name, value in pb.GenerationPhase.items()}
-
-
-def duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(max(0.0, seconds) * 1e9))
-    return d
-
-
-def timestamp(t: float) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(t * 1e9))
-    return ts
 
 
 def loaded_model(model: LoadedModel) -> pb.LoadedModel:

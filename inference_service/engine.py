@@ -1,6 +1,6 @@
 """The inference engine: one model resident at a time, one GPU worker thread, a bounded generation queue.
 
-Concurrency rules (DESIGN.md):
+Concurrency rules (docs/architecture.md shows where this sits):
 - Every torch call runs on the single GPU worker thread; the event loop never blocks on it.
 - A generation holds only the generate lock. Status, cancel and unload never wait behind a denoise.
 - A replacement load cancels the running generation and waits for it to stop, so two

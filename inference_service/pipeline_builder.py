@@ -125,7 +125,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         built.compile_warmup_s = time.perf_counter() - t0
         resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
                                  reason="first call; a warm compile cache spares the next process the inductor "
-                                        "compile, not the tracing (on an H200 FLUX: 20.5 s cold, 17.8 s warm)"))
+                                        "compile, not the tracing (measured: docs/bench/inference.md)"))
     return built
 
 

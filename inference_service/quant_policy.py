@@ -21,8 +21,8 @@ AUTO_ORDER = ("fp8", "int8")
 # says why; docs/bench/inference.md), and torchao's own fp8 figures without compile are slower than dense too
 # (pytorch/ao#685).
 UNCOMPILED = ("the transformer will run uncompiled (speed_mode OFF, or an offloading memory_mode), where torchao's "
-              "quantised matmuls are slower than dense (FLUX weight-only int8 on an H200: 230 vs 170 ms per step), "
-              "and int8 runs weight-only")
+              "quantised matmuls are slower than dense (measured: docs/bench/inference.md), and int8 runs "
+              "weight-only")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from google.protobuf import json_format
 from diffusion.v1 import common_pb2
 from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.families import FAMILIES
+from service_kit.proto_time import duration, timestamp
 from training_service.job_store import JobRecord
 
 PHASES = {n.removeprefix("TRAINING_PHASE_").lower(): v for n, v in pb.TrainingPhase.items()}
@@ -14,7 +15,7 @@ STATES = {n.removeprefix("TRAINING_JOB_STATE_"): v for n, v in pb.TrainingJobSta
 
 def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
     msg = pb.WatchTrainingResponse(sequence=event["sequence"], job_id=job_id)
-    msg.time.FromNanoseconds(int(event["time"] * 1e9))
+    msg.time.CopyFrom(timestamp(event["time"]))
     kind, data = event["kind"], event["data"]
     if kind == "resolved":
         msg.resolved.resolved.extend(json_format.ParseDict(r, common_pb2.ResolvedSetting()) for r in data["resolved"])
@@ -26,8 +27,8 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         step.step, step.total_steps, step.loss, step.avg_loss = data["step"], data["total"], data["loss"], data["avg_loss"]
         step.learning_rate, step.grad_norm = data["lr"], data["grad_norm"]
         step.samples_per_second, step.peak_memory_bytes = data["samples_per_s"], data["peak_memory_bytes"]
-        step.elapsed.FromNanoseconds(int(data.get("elapsed_s", 0) * 1e9))
-        step.eta.FromNanoseconds(int(data.get("eta_s", 0) * 1e9))
+        step.elapsed.CopyFrom(duration(data.get("elapsed_s", 0)))
+        step.eta.CopyFrom(duration(data.get("eta_s", 0)))
     elif kind == "sample":
         msg.sample.step, msg.sample.prompt = data["step"], data["prompt"]
         msg.sample.png = _read(data["path"])
@@ -57,7 +58,7 @@ def adapter(info) -> pb.Adapter:
                      alpha=info.alpha, steps=info.steps, resolution=info.resolution,
                      trigger_words=list(info.trigger_words), job_id=info.job_id, size_bytes=info.size_bytes,
                      owner=info.owner)
-    msg.create_time.FromNanoseconds(int(info.created * 1e9))
+    msg.create_time.CopyFrom(timestamp(info.created))
     return msg
 
 
@@ -67,6 +68,6 @@ def job(record: JobRecord) -> pb.TrainingJob:
                          last_sequence=record.last_sequence, adapter_id=record.adapter_id, error=record.error,
                          owner=record.owner)
     json_format.Parse(record.request_json, msg.request)
-    msg.create_time.FromNanoseconds(int(record.created * 1e9))
-    msg.update_time.FromNanoseconds(int(record.updated * 1e9))
+    msg.create_time.CopyFrom(timestamp(record.created))
+    msg.update_time.CopyFrom(timestamp(record.updated))
     return msg

@@ -1,6 +1,6 @@
 """The trainable denoiser: loaded at its base precision, given a LoRA, quantised, optionally compiled.
 
-Order matters and follows the reference system's fixes:
+Order matters; each rule below fixes a failure seen in practice:
 - nf4 quantises at load (bitsandbytes Linear4bit), then the LoRA wraps the 4-bit layers (QLoRA);
 - int8 quantises *after* add_adapter, only the frozen base layers (torchao weight-only), and runs eager;
   its backward reads the int8 weight (frozen_quantized_linear), not a saved bf16 copy;

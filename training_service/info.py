@@ -8,7 +8,7 @@ from diffusion_kit.host_caps import HostCaps
 from training_service.precision_policy import (GiB, HEADROOM, MODES, StepShape, advertised, auto_pick, name,
                                                training_bytes, why_not)
 
-# The resolutions the step rates in DESIGN.md were measured at.
+# The resolutions the step rates in docs/bench/training.md were measured at.
 DEFAULT_RESOLUTION = {"flux1": 512, "zimage": 768, "qwen_image": 768, "sdxl": 1024}
 DEFAULT_RANK = 16
 DEFAULT_LR = 1e-4
@@ -17,7 +17,7 @@ DEFAULT_STEPS = 1000
 
 def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
     modes = advertised(caps, family)
-    if family.denoiser == "unet":
+    if family.is_unet:
         recommended = c.PRECISION_UNSPECIFIED
     elif caps.device_kind != "cuda":
         recommended = c.PRECISION_FP32
@@ -33,7 +33,7 @@ def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
 
 
 def memory_note(caps: HostCaps, family: FamilySpec) -> str:
-    if family.denoiser == "unet":
+    if family.is_unet:
         dtype = "bf16" if caps.native_bf16 else ("fp16" if caps.accelerator else "fp32")
         return f"{family.display} trains its U-Net in {dtype} on {caps.device_name}; base_precision is ignored"
     if caps.device_kind != "cuda":

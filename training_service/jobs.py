@@ -16,7 +16,7 @@ from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from service_kit.service_process import ROOT
 from diffusion_kit.resolved import Resolved, Source
-from gpu_broker.inventory import format_bytes
+from service_kit.units import format_bytes
 from training_service.lora_recipe import RecipeConfig
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore

@@ -11,7 +11,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved, Source, Status
-from gpu_broker.inventory import format_bytes
+from service_kit.units import format_bytes
 from service_kit.errors import FailedPrecondition, InvalidArgument
 
 GiB = 2**30
@@ -101,7 +101,7 @@ def memory_relief(shape: StepShape, *, nf4: bool) -> list[str]:
 
 def why_not(precision: int, caps: HostCaps, family: FamilySpec) -> str | None:
     """The rule an explicit mode fails on this host, or None. Each probe answers for itself."""
-    if family.denoiser == "unet":
+    if family.is_unet:
         return None  # SDXL ignores base_precision
     if caps.device_kind != "cuda":
         return f"{name(precision)} needs a CUDA GPU; this host has {caps.device_name}, where training runs in fp32 only"
@@ -122,7 +122,7 @@ def why_not(precision: int, caps: HostCaps, family: FamilySpec) -> str | None:
 
 def advertised(caps: HostCaps, family: FamilySpec) -> list[int]:
     """What StartTraining accepts for this family here, AUTO included when it has something to pick."""
-    if family.denoiser == "unet":
+    if family.is_unet:
         return []
     if caps.device_kind != "cuda":
         return [c.PRECISION_FP32]
@@ -140,7 +140,7 @@ class AutoPick:
 def auto_pick(caps: HostCaps, family: FamilySpec, free_bytes: int, prequantized: bool = False,
               shape: StepShape = StepShape(), denoiser_params: int | None = None) -> AutoPick:
     """bf16 when it fits with headroom, int8 in the middle band when torchao works, else nf4. Never fp8/mxfp8:
-    the reference system measured fp8 training slower than compiled bf16 at LoRA shapes (FLUX 3.15 vs 4.12 steps/s)."""
+    fp8 trained slower than compiled bf16 at LoRA shapes (FLUX on an H200: docs/bench/training.md)."""
     if prequantized:
         return AutoPick(c.PRECISION_NF4, "the base is already 4-bit (bitsandbytes): nf4")
     free = free_bytes / GiB
@@ -161,7 +161,7 @@ def resolve(requested: int, caps: HostCaps, family: FamilySpec, free_bytes: int,
     if requested not in ACCEPTED:
         raise InvalidArgument(f"base_precision takes NF4, BF16, INT8, FP8, MXFP8 or AUTO, not {asked}",
                               reason="BAD_BASE_PRECISION")
-    if family.denoiser == "unet":
+    if family.is_unet:
         dtype = "PRECISION_BF16" if caps.native_bf16 else ("PRECISION_FP16" if caps.accelerator else "PRECISION_FP32")
         return Resolved(control, asked, dtype, Source.AUTO, Status.UNSUPPORTED if requested else Status.APPLIED,
                         f"{family.display} trains its U-Net in the host's native dtype; base_precision is ignored")

@@ -19,7 +19,7 @@ SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_W
              pb.LR_SCHEDULE_LINEAR: "linear", pb.LR_SCHEDULE_COSINE: "cosine"}
 OPTIMIZERS = {pb.OPTIMIZER_ADAMW: "adamw", pb.OPTIMIZER_ADAMW_8BIT: "adamw8bit"}
 # Base precisions whose frozen weights are plain or float8 tensors that regional compile handles; nf4
-# (bitsandbytes) and int8 (torchao weight-only) run eager, as the reference system measured fastest.
+# (bitsandbytes) and int8 (torchao weight-only) run eager, where they measured fastest.
 COMPILABLE = {"PRECISION_BF16", "PRECISION_FP8", "PRECISION_MXFP8", "PRECISION_FP32", "PRECISION_FP16"}
 PRECISION_KEYS = {"PRECISION_FP32": "fp32", "PRECISION_FP16": "fp16", "PRECISION_BF16": "bf16",
                   "PRECISION_NF4": "nf4", "PRECISION_INT8": "int8", "PRECISION_FP8": "fp8", "PRECISION_MXFP8": "mxfp8"}
@@ -77,8 +77,9 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
     wants_compile = req.speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
     asked = _name(c.SpeedMode, req.speed_mode)
     if not wants_compile:
-        slow = ("float8 casts are not fused without compile: on an H200 fp8 eager trained at about a third of bf16 "
-                "eager's rate; use SPEED_MODE_DEFAULT" if precision.applied == "PRECISION_FP8" else "")
+        slow = ("float8 casts are not fused without compile, so fp8 eager trains far slower than bf16 eager "
+                "(measured: docs/bench/training.md); use SPEED_MODE_DEFAULT" if precision.applied == "PRECISION_FP8"
+                else "")
         resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT if req.speed_mode else Source.DEFAULT,
                                  reason=slow))
         compile_ = False
@@ -99,7 +100,8 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
                              Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
     resolved.append(Resolved("attention", "", "flash / memory-efficient SDPA (pinned)" if device == "cuda"
                              else "SDPA (PyTorch's choice on CPU)", Source.AUTO,
-                             reason="cuDNN SDPA crashed on FLUX training shapes on an H200" if device == "cuda" else ""))
+                             reason="cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)"
+                             if device == "cuda" else ""))
 
     if req.batch_size > MAX_BATCH:
         raise InvalidArgument(f"batch_size is at most {MAX_BATCH}, got {req.batch_size}", reason="BAD_VALUE")

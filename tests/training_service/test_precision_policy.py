@@ -44,7 +44,7 @@ def test_never_advertise_what_start_rejects(caps, family):
     for mode in advertised(caps, family):
         resolve(mode, caps, family, caps.free_bytes)  # must not raise
     for mode in (P.PRECISION_NF4, P.PRECISION_BF16, P.PRECISION_INT8, P.PRECISION_FP8, P.PRECISION_MXFP8):
-        if mode not in advertised(caps, family) and family.denoiser != "unet":
+        if mode not in advertised(caps, family) and not family.is_unet:
             with pytest.raises(ServiceError):
                 resolve(mode, caps, family, caps.free_bytes)
 
