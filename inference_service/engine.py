@@ -117,6 +117,16 @@ class _Job:
 _END = object()
 
 
+@dataclass(frozen=True)
+class EngineStatus:
+    model: LoadedModel | None
+    running_generation_id: str  # "" when none runs (or it is another caller's)
+    running_progress: generation.StepReport | None
+    queue_depth: int
+    max_queue_depth: int
+    lease_id: str  # "" without a broker lease
+
+
 class InferenceEngine:
     def __init__(self, caps: HostCaps, settings: EngineSettings | None = None, *, broker=None,
                  client_id: str = "inference-0", max_queue_depth: int = 8, reload_after_preempt: bool = False,
@@ -500,14 +510,15 @@ class InferenceEngine:
 
     # ---- observation --------------------------------------------------------------------
 
-    def status(self, caller: Caller | None = None) -> dict:
+    def status(self, caller: Caller | None = None) -> "EngineStatus":
+        """What runs now, as `caller` may see it (another caller's generation is not shown)."""
         caller = caller or current_caller()
         running = self._running_job()
         if running is not None and not caller.may_act_on(running.owner):
             running = None
-        return {"model": self._model, "running": running, "queue_depth": len(self._pending),
-                "max_queue_depth": self.max_queue_depth,
-                "lease_id": self._model.lease.lease_id if self._model and self._model.lease else ""}
+        return EngineStatus(self._model, running.id if running else "", running.last_progress if running else None,
+                            len(self._pending), self.max_queue_depth,
+                            self._model.lease.lease_id if self._model and self._model.lease else "")
 
     def _refuse_if_draining(self) -> None:
         if self._draining:

@@ -34,14 +34,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def GetInferenceStatus(self, request, context):
         s = self.engine.status()
-        resp = pb.GetInferenceStatusResponse(queue_depth=s["queue_depth"], max_queue_depth=s["max_queue_depth"],
-                                             lease_id=s["lease_id"])
-        if s["model"] is not None:
-            resp.models.append(convert.loaded_model(s["model"]))
-        if s["running"] is not None:
-            resp.running_generation_id = s["running"].id
-            if s["running"].last_progress is not None:
-                resp.running_progress.CopyFrom(convert.step_progress(s["running"].last_progress))
+        resp = pb.GetInferenceStatusResponse(queue_depth=s.queue_depth, max_queue_depth=s.max_queue_depth,
+                                             lease_id=s.lease_id, running_generation_id=s.running_generation_id)
+        if s.model is not None:
+            resp.models.append(convert.loaded_model(s.model))
+        if s.running_progress is not None:
+            resp.running_progress.CopyFrom(convert.step_progress(s.running_progress))
         return resp
 
     async def GetCapabilities(self, request, context):
@@ -49,5 +47,5 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         return convert.capabilities(caps, [family_capabilities(caps, f) for f in FAMILIES.values()])
 
     async def ListModels(self, request, context):
-        model = self.engine.status()["model"]
+        model = self.engine.status().model
         return pb.ListModelsResponse(models=[convert.loaded_model(model)] if model else [])
