@@ -59,9 +59,17 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
         return pb.GetTrainingJobResponse(job=convert.job(self.jobs.store.get(request.job_id, current_caller())))
 
     async def ListTrainingJobs(self, request, context):
+        converted: dict[str, pb.TrainingJob] = {}
+
+        def message(record) -> pb.TrainingJob:
+            if record.job_id not in converted:
+                converted[record.job_id] = convert.job(record)
+            return converted[record.job_id]
+
         records, token = page(self.jobs.store.visible(current_caller()), lambda r: [r.created, r.job_id],
-                              request.page_size, request.page_token, descending=True)
-        return pb.ListTrainingJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=token)
+                              request.page_size, request.page_token, descending=True,
+                              size_of=lambda r: message(r).ByteSize())
+        return pb.ListTrainingJobsResponse(jobs=[message(r) for r in records], next_page_token=token)
 
     async def DeleteTrainingJob(self, request, context):
         return pb.DeleteTrainingJobResponse(job=convert.job(self.jobs.delete(request.job_id, current_caller())))
