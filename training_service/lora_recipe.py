@@ -112,6 +112,7 @@ class LoraRecipe:
         self.objective = objective_for(cfg.family, cfg.base_dir, self.family.default_guidance)
         self.generator = torch.Generator("cpu").manual_seed(cfg.seed)
         self.state = RunState()
+        self.checkpointed_step: int | None = None  # the step the last checkpoint holds
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
         self.cache = EncodeCache(cfg.encode_cache_dir or None)
 
@@ -413,6 +414,7 @@ class LoraRecipe:
             os.replace(directory, old)
         os.replace(staging, directory)
         shutil.rmtree(old, ignore_errors=True)
+        self.checkpointed_step = self.state.step
         self.emit("checkpoint", {"step": self.state.step, "path": str(directory)})
         return directory
 

@@ -72,7 +72,7 @@ def main(job_dir: Path) -> int:
     recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint",
                  sample_dir=job_dir / "samples")
     steps = recipe.state.step
-    if stop.get("mode") != "discard":
+    if stop.get("mode") != "discard" and recipe.checkpointed_step != steps:
         recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued
     if stop.get("mode") == "discard":
         emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
