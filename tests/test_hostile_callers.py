@@ -354,7 +354,7 @@ def test_a_caption_outside_the_dataset_roots_never_comes_back(stack):
 def test_training_jobs_belong_to_their_caller(stack):
     alice, mallory = stack["connect"]("training", "alice"), stack["connect"]("training", "mallory")
     admin = stack["connect"]("training", "admin")
-    job = alice.StartTraining(training_request(stack), timeout=60).job_id
+    job = alice.StartTraining(training_request(stack, checkpoint_every=2), timeout=60).job_id
     assert alice.GetTrainingJob(tpb.GetTrainingJobRequest(job_id=job), timeout=5).job.owner == "alice"
     for call, req in [(mallory.GetTrainingJob, tpb.GetTrainingJobRequest(job_id=job)),
                       (mallory.StopTraining, tpb.StopTrainingRequest(job_id=job)),
@@ -366,6 +366,9 @@ def test_training_jobs_belong_to_their_caller(stack):
     assert code_reason(mallory.StartTraining, resume, timeout=30) == (grpc.StatusCode.NOT_FOUND, "JOB_NOT_FOUND")
     events = list(alice.WatchTraining(tpb.WatchTrainingRequest(job_id=job), timeout=120))
     assert events[-1].finished.state == tpb.TRAINING_JOB_STATE_SUCCEEDED
+    # The step-2 checkpoint is the final one: it is not written (and announced) twice.
+    assert [e.checkpoint.step for e in events if e.WhichOneof("event") == "checkpoint"] == [2]
+    assert alice.GetTrainingJob(tpb.GetTrainingJobRequest(job_id=job), timeout=5).job.train_time.ToNanoseconds() > 0
     assert job in [j.job_id for j in admin.ListTrainingJobs(tpb.ListTrainingJobsRequest(), timeout=5).jobs]
     second = alice.StartTraining(training_request(stack), timeout=60).job_id
     list(alice.WatchTraining(tpb.WatchTrainingRequest(job_id=second), timeout=120))

@@ -70,4 +70,5 @@ def job(record: JobRecord) -> pb.TrainingJob:
     json_format.Parse(record.request_json, msg.request)
     msg.create_time.CopyFrom(timestamp(record.created))
     msg.update_time.CopyFrom(timestamp(record.updated))
+    msg.train_time.CopyFrom(duration(record.train_time_s()))
     return msg

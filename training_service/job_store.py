@@ -35,6 +35,13 @@ class JobRecord:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     owner: str = "anonymous"  # the identity that started it; only it (or an admin) sees and acts on it
+    train_seconds: float = 0.0  # wall time spent RUNNING, up to the last time it stopped running
+    running_since: float = 0.0  # when it last began RUNNING; 0 while not running
+
+    def train_time_s(self, now: float | None = None) -> float:
+        """Wall time spent training so far, the current run included."""
+        running = (now or time.time()) - self.running_since if self.running_since else 0.0
+        return self.train_seconds + running
 
 
 class JobStore:
@@ -56,6 +63,9 @@ class JobStore:
         message = "the training service stopped without draining while this job ran" + self.resume_hint(record)
         self.append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
                                          "message": message})
+        if record.running_since:  # it ran until its last recorded change, as far as anyone can tell
+            record.train_seconds += max(0.0, record.updated - record.running_since)
+            record.running_since = 0.0
         record.state, record.error, record.updated = "FAILED", message, time.time()
         self._write(record)
 
@@ -99,9 +109,14 @@ class JobStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def update(self, record: JobRecord, **fields) -> None:
+        now = time.time()
+        if fields.get("state") == "RUNNING" and not record.running_since:
+            record.running_since = now
+        elif "state" in fields and fields["state"] != "RUNNING" and record.running_since:
+            record.train_seconds, record.running_since = record.train_time_s(now), 0.0
         for k, v in fields.items():
             setattr(record, k, v)
-        record.updated = time.time()
+        record.updated = now
         self._write(record)
 
     def log(self, job_id: str) -> EventLog:
