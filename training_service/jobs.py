@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from service_kit.service_process import ROOT
-from diffusion_kit.resolved import Resolved, Source
+from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.units import format_bytes
 from training_service.lora_recipe import RecipeConfig
 from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
@@ -86,9 +86,14 @@ class JobManager:
                             reason="the estimated peak of this job (its base on disk, resolution, batch and "
                                    "checkpointing), asked of the broker" if self.broker else
                                    "the estimated peak of this job; no broker, so nothing reserves it")
+        resolved = (*settings.resolved, estimate, self._checkpoints(req))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
-                                                             for r in (*settings.resolved, estimate,
-                                                                       self._checkpoints(req))]})
+                                                             for r in resolved]})
+        for r in resolved:  # a fallback is said on the stream too, where a watcher reading events sees it
+            if r.status is Status.FELL_BACK:
+                await self._append(record, "warning", {
+                    "reason": "SETTING_FELL_BACK",
+                    "message": f"{r.control}: {r.requested or 'unset'} fell back to {r.applied}: {r.reason}"})
         self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority,
                                                                                  checked.need_bytes))
         return record

@@ -166,7 +166,11 @@ def resolve(requested: int, caps: HostCaps, family: FamilySpec, free_bytes: int,
         return Resolved(control, asked, dtype, Source.AUTO, Status.UNSUPPORTED if requested else Status.APPLIED,
                         f"{family.display} trains its U-Net in the host's native dtype; base_precision is ignored")
     if caps.device_kind != "cuda":
-        if requested in (c.PRECISION_UNSPECIFIED, c.PRECISION_AUTO, c.PRECISION_FP32):
+        if requested == c.PRECISION_UNSPECIFIED:  # the documented default, NF4, needs CUDA: say it fell back
+            return Resolved(control, asked, "PRECISION_FP32", Source.DEFAULT, Status.FELL_BACK,
+                            f"the default PRECISION_NF4 needs a CUDA GPU; no CUDA GPU here ({caps.device_name}): "
+                            "fp32 only")
+        if requested in (c.PRECISION_AUTO, c.PRECISION_FP32):
             return Resolved(control, asked, "PRECISION_FP32", Source.AUTO if requested != c.PRECISION_FP32 else
                             Source.EXPLICIT, reason=f"no CUDA GPU ({caps.device_name}): fp32 only")
         raise FailedPrecondition(why_not(requested, caps, family), reason="PRECISION_UNAVAILABLE")

@@ -72,13 +72,16 @@ def test_auto_never_picks_fp8_and_skips_int8_without_torchao():
     (P.PRECISION_AUTO, H200, FLUX, "PRECISION_BF16", c.SETTING_SOURCE_AUTO),
     (P.PRECISION_FP8, H200, Z, "PRECISION_FP8", c.SETTING_SOURCE_EXPLICIT),
     (P.PRECISION_AUTO, CPU, Z, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
-    (P.PRECISION_UNSPECIFIED, CPU, QWEN, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
+    # The default, NF4, needs CUDA: on a CPU the default falls back to fp32, and the record says so.
+    (P.PRECISION_UNSPECIFIED, CPU, QWEN, "PRECISION_FP32", c.SETTING_SOURCE_DEFAULT),
     (P.PRECISION_FP8, H200, SDXL, "PRECISION_BF16", c.SETTING_SOURCE_AUTO),  # ignored, never fails SDXL
     (P.PRECISION_UNSPECIFIED, CPU, SDXL, "PRECISION_FP32", c.SETTING_SOURCE_AUTO),
 ])
 def test_resolve(requested, caps, family, applied, source):
     record = resolve(requested, caps, family, caps.free_bytes)
     assert (record.applied, record.source.value) == (applied, source)
+    fell_back = requested == P.PRECISION_UNSPECIFIED and caps is CPU and not family.is_unet
+    assert (record.status.value == c.SETTING_STATUS_FELL_BACK) is fell_back, record
 
 
 @pytest.mark.parametrize("requested, caps, family, error, text", [

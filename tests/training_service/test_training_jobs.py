@@ -58,6 +58,11 @@ def test_start_watch_complete_and_replay(service, tiny_models, dirs):
     assert started.job.state in (pb.TRAINING_JOB_STATE_PENDING, pb.TRAINING_JOB_STATE_RUNNING)
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=started.job_id), timeout=120))
     assert kinds(events)[0] == "resolved" and kinds(events)[-1] == "finished"
+    # No base_precision on a CPU host: the default NF4 fell back to fp32, in the record and on the stream.
+    base = next(r for r in events[0].resolved.resolved if r.control == "base_precision")
+    assert (base.applied, base.status) == ("PRECISION_FP32", c.SETTING_STATUS_FELL_BACK)
+    warning = events[1].warning
+    assert warning.reason == "SETTING_FELL_BACK" and "PRECISION_NF4 needs a CUDA GPU" in warning.message
     assert events[0].resolved.resolved[0].applied == "PRECISION_FP32"
     steps = [e.step for e in events if e.WhichOneof("event") == "step"]
     assert [s.step for s in steps] == [1, 2, 3, 4] and all(s.total_steps == 4 for s in steps)
