@@ -32,6 +32,7 @@ from service_kit.auth import Caller, current_caller
 from service_kit.errors import clip
 from service_kit.errors import (
     Cancelled,
+    DeadlineExceeded,
     FailedPrecondition,
     Internal,
     InvalidArgument,
@@ -152,6 +153,7 @@ class InferenceEngine:
         # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
         self._unloaded_by_preempt: tuple[pb.LoadRequest, str, str] | None = None
         self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
+        self._step_rate: dict[str, float] = {}  # model id -> measured denoise seconds per step per megapixel
         self._load_abort: threading.Event | None = None
 
     def start(self) -> None:
@@ -352,8 +354,10 @@ class InferenceEngine:
     def new_generation_id() -> str:
         return "gen-" + uuid.uuid4().hex[:12]
 
-    async def generate(self, req: pb.GenerateRequest, generation_id: str = "",
-                       caller: Caller | None = None) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, req: pb.GenerateRequest, generation_id: str = "", caller: Caller | None = None,
+                       deadline_s: float | None = None) -> AsyncIterator[GenerationEvent]:
+        """Queues a generation and yields its events. `deadline_s` (the call's time left) refuses at once a request
+        this model's measured step rate says cannot finish in time, so it never holds the GPU for nothing."""
         caller = caller or current_caller()
         self._refuse_if_draining()
         job_id = generation_id or req.generation_id or self.new_generation_id()
@@ -367,6 +371,7 @@ class InferenceEngine:
         if len(self._pending) >= self.max_queue_depth:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
+        self._refuse_if_too_slow(model, spec, deadline_s)
         job = _Job(job_id, req, spec, asyncio.Queue(), owner=caller.identity)
         self._jobs[job_id] = job
         self._pending.append(job)
@@ -491,6 +496,7 @@ class InferenceEngine:
                 return
             finally:
                 job.running = False
+        self._measure(model, spec, out.denoise_s)
         # Encoding runs off the GPU worker, so the next generation can start meanwhile.
         job.events.put_nowait(GenerationEvent("encoding_images"))
         t_enc = time.perf_counter()
@@ -519,6 +525,37 @@ class InferenceEngine:
         return EngineStatus(self._model, running.id if running else "", running.last_progress if running else None,
                             len(self._pending), self.max_queue_depth,
                             self._model.lease.lease_id if self._model and self._model.lease else "")
+
+    def _estimate_s(self, model: LoadedModel, spec: generation.GenerationSpec) -> float | None:
+        """Denoising time from this model's measured rate (seconds per step per megapixel); None before a first
+        generation has been measured."""
+        rate = self._step_rate.get(model.model_id)
+        if rate is None:
+            return None
+        return rate * spec.steps * spec.width * spec.height * len(spec.seeds) / 1e6
+
+    def _refuse_if_too_slow(self, model: LoadedModel, spec: generation.GenerationSpec, deadline_s: float | None) -> None:
+        if deadline_s is None:
+            return
+        mine = self._estimate_s(model, spec)
+        if mine is None:
+            return
+        ahead = sum(self._estimate_s(model, job.spec) or 0.0 for job in self._pending)
+        if mine + ahead > deadline_s:
+            raise DeadlineExceeded(
+                f"this request needs about {mine:.1f} s of denoising (plus {ahead:.1f} s queued ahead of it) at this "
+                f"model's measured rate, more than the {deadline_s:.1f} s left of the call's deadline; nothing was "
+                "queued. Ask for fewer steps, pixels or images, or allow a longer deadline",
+                reason="WOULD_MISS_DEADLINE", metadata={"estimated_s": f"{mine + ahead:.2f}"})
+
+    def _measure(self, model: LoadedModel, spec: generation.GenerationSpec, denoise_s: float) -> None:
+        """Keeps the model's step rate, a moving average over its generations."""
+        megapixel_steps = spec.steps * spec.width * spec.height * len(spec.seeds) / 1e6
+        if megapixel_steps <= 0 or denoise_s <= 0:
+            return
+        rate = denoise_s / megapixel_steps
+        old = self._step_rate.get(model.model_id)
+        self._step_rate[model.model_id] = rate if old is None else 0.7 * old + 0.3 * rate
 
     def _refuse_if_draining(self) -> None:
         if self._draining:

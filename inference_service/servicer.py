@@ -22,7 +22,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Generate(self, request, context):
         generation_id = request.generation_id or self.engine.new_generation_id()
         sequence = 0
-        async for event in self.engine.generate(request, generation_id):
+        async for event in self.engine.generate(request, generation_id, deadline_s=context.time_remaining()):
             sequence += 1
             yield convert.generate_response(event, generation_id, sequence)
 

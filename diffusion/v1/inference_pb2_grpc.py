@@ -114,7 +114,9 @@ class InferenceServiceServicer:
         """Generates images: queue position, one event per denoising step, then the result.
         A client disconnect, an expired deadline or CancelGeneration stops the generation before its next
         model call: the text encoders, each denoiser call (every step, and each half of a guided one) or
-        the VAE decode. A model call already running finishes first.
+        the VAE decode. A model call already running finishes first. A request that this model's measured
+        step rate says cannot finish before the call's deadline answers DEADLINE_EXCEEDED at once
+        (reason WOULD_MISS_DEADLINE), before it is queued.
         RESOURCE_EXHAUSTED: the queue is full. FAILED_PRECONDITION: no model with that id is loaded.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -200,3 +200,14 @@ def test_capabilities_on_cpu(inference_service):
     z = by_family[c.FAMILY_ZIMAGE]
     assert c.PRECISION_FP8 not in z.transformer_precisions and c.MEMORY_MODE_LOW_VRAM not in z.memory_modes
     assert any("PRECISION_FP8" in note for note in z.notes)
+
+
+def test_a_request_that_cannot_meet_its_deadline_is_refused_before_queueing(inference_service, tiny_models):
+    _, client = inference_service
+    client.load("tiny-z", tiny_models["zimage"])
+    assert result_of(client.generate("tiny-z", steps=8))  # the model's step rate is now measured
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate("tiny-z", width=128, height=128, steps=200, num_images=4, timeout=0.5)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert error_info(e.value).reason == "WOULD_MISS_DEADLINE"  # the service's answer, not the client's timer
+    assert client.status().queue_depth == 0 and not client.status().running_generation_id
