@@ -372,6 +372,7 @@ class InferenceEngine:
             raise ResourceExhausted(f"{len(self._pending)} generations are already waiting (the most is "
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
         self._refuse_if_too_slow(model, spec, deadline_s)
+        self._refuse_without_lease(model)
         job = _Job(job_id, req, spec, asyncio.Queue(), owner=caller.identity)
         self._jobs[job_id] = job
         self._pending.append(job)
@@ -467,9 +468,16 @@ class InferenceEngine:
                 job.events.put_nowait(Unavailable(f"model {job.request.model_id} was unloaded before generation "
                                                   f"{job.id} started", reason="MODEL_UNLOADED"))
                 return
+            try:
+                self._refuse_without_lease(model)
+            except Unavailable as e:
+                job.events.put_nowait(e)
+                return
             job.running = True
             self._notify_positions()
             started = time.perf_counter()
+            lease = model.lease
+            job.control.still_leased = (lambda: lease.valid.is_set()) if lease is not None else (lambda: True)
             family = model.plan.family
             spec = job.spec
             try:
@@ -556,6 +564,14 @@ class InferenceEngine:
         rate = denoise_s / megapixel_steps
         old = self._step_rate.get(model.model_id)
         self._step_rate[model.model_id] = rate if old is None else 0.7 * old + 0.3 * rate
+
+    @staticmethod
+    def _refuse_without_lease(model: LoadedModel) -> None:
+        """The broker lent this model's memory; while that lease is not held, nothing runs on the device."""
+        if model.lease is not None and not model.lease.valid.is_set():
+            raise Unavailable("this model's GPU lease is not held right now (the broker is unreachable, or restarted "
+                              "and has not granted it again); no work runs outside a lease. Retry shortly",
+                              reason="NO_LEASE")
 
     def _refuse_if_draining(self) -> None:
         if self._draining:

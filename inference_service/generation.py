@@ -17,7 +17,7 @@ from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service.model_limits import ModelLimits
-from service_kit.errors import Cancelled, InvalidArgument, clip
+from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
 
 MAX_STEPS = 200
 MAX_IMAGES = 16
@@ -162,6 +162,8 @@ class RunControl:
     cancel_reason: str = ""
     # What the stream ends with: CANCELLED for a caller's cancel, UNAVAILABLE when the model is going away.
     cancel_error: Exception | None = None
+    # False while the model's broker lease is not held (lost, not yet re-granted): no device work then.
+    still_leased: Callable[[], bool] = lambda: True
 
     def stop(self, reason: str, error: Exception | None = None) -> None:
         self.cancel_reason, self.cancel_error = reason, error
@@ -226,6 +228,10 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     marks = {"first_step": None, "last_step": None, "done": 0}
 
     def check(before: str) -> None:
+        if not control.still_leased():
+            raise Unavailable(f"the GPU lease was lost before the {before} call (after step {marks['done']} of "
+                              f"{spec.steps}); no work runs outside a lease. Retry once it is granted again",
+                              reason="NO_LEASE")
         if control.cancel.is_set():
             raise control.cancel_error or Cancelled(
                 f"generation cancelled before the {before} call (after step {marks['done']} of {spec.steps}): "

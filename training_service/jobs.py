@@ -133,7 +133,8 @@ class JobManager:
             lease_ctx = self.broker.lease(
                 LeaseRequest(self.client_id, purpose=f"training {record.job_id} ({record.family})", priority=priority,
                              memory_bytes=need_bytes, release_grace_s=60),
-                on_preempt=lambda event: self._suspend(record, event))
+                on_preempt=lambda event: self._suspend(record, event),
+                on_lost=lambda error: self._suspend_lease_lost(record))
             try:
                 await lease_ctx.__aenter__()
             except LeaseError as e:
@@ -195,6 +196,21 @@ class JobManager:
         proc.stdin.write(b"stop suspend preempted\n")
         await proc.stdin.drain()
         await proc.wait()
+
+    async def _suspend_lease_lost(self, record: JobRecord) -> None:
+        """The broker went away with this job's lease: nothing may compute outside the books, so the child
+        checkpoints at its next step and the job ends SUSPENDED (resume it once the broker is back)."""
+        proc = self._procs.get(record.job_id)
+        if proc is None or proc.returncode is not None:
+            return
+        await self._append(record, "warning", {"reason": "LEASE_LOST",
+                                               "message": "the GPU broker went away with this job's lease: saving a "
+                                                          "checkpoint and stopping"})
+        try:
+            proc.stdin.write(b"stop suspend lease-lost\n")
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
         """Under the watchers' lock: a watcher never sees a final state without its `finished` event."""

@@ -2,7 +2,8 @@
 
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
 `stop save`, `stop discard`, `stop suspend preempted` (the broker preempted the GPU) or
-`stop suspend draining` (the service is stopping) on stdin, honoured at the next step boundary. A crash here never
+`stop suspend draining` (the service is stopping) or `stop suspend lease-lost` (the broker went away
+with the lease) on stdin, honoured at the next step boundary. A crash here never
 takes the service down: the service sees the process end without a `finished` event.
 """
 from __future__ import annotations
@@ -78,7 +79,9 @@ def main(job_dir: Path) -> int:
         emit("finished", {"state": "CANCELLED", "steps_completed": steps, "message": "stopped; adapter discarded"})
         return 0
     if stop.get("mode") == "suspend":
-        why = "the training service stopped" if stop.get("why") == "draining" else "the GPU was preempted"
+        why = {"draining": "the training service stopped",
+               "lease-lost": "the GPU lease was lost (the broker went away)"}.get(stop.get("why", ""),
+                                                                                  "the GPU was preempted")
         emit("finished", {"state": "SUSPENDED", "steps_completed": steps,
                           "message": f"{why} at step {steps}; checkpoint saved, resume with resume_job_id"})
         return 0

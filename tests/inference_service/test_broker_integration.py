@@ -136,3 +136,42 @@ def test_doomed_replacements_leave_the_resident_model_and_its_lease(broker_and_i
     assert [m.model_id for m in client.status().models] == ["tiny-z"]
     assert [l.holder.client_id for l in broker.status().leases] == ["inference-0"]
     assert timeline.kinds() == ["SNAPSHOT"]  # nothing released, nothing queued
+
+
+def test_no_generation_runs_while_the_lease_is_lost(start_broker, tiny_models):
+    """The broker dies: the model stays resident but nothing runs on it (UNAVAILABLE, retryable) until a broker
+    on the same address grants the lease again."""
+    import signal
+
+    from service_kit.service_process import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    broker_proc, broker = start_broker(fake_devices="1x24GiB", listen=address)
+    proc = start_service("inference_service", "--broker", address, *InferenceClient.TEST_FLAGS, timeout=180)
+    client = InferenceClient(proc.address)
+    try:
+        client.load("tiny-z", tiny_models["zimage"])
+        assert result_of(client.generate("tiny-z"))
+        broker_proc.stop(signal.SIGKILL)
+
+        def generate_reason():
+            try:
+                client.generate("tiny-z", timeout=30)
+                return "OK"
+            except grpc.RpcError as e:
+                info = error_info(e)
+                return info.reason if info else e.code().name
+
+        deadline = time.monotonic() + 20
+        while generate_reason() != "NO_LEASE":  # the lost stream is noticed within the keepalive
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        _, again = start_broker(fake_devices="1x24GiB", listen=address)
+        deadline = time.monotonic() + 30
+        while generate_reason() != "OK":  # the client library re-acquires the same budget
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        assert [l.holder.client_id for l in again.status().leases] == ["inference-0"]
+    finally:
+        client.close()
+        proc.stop()

@@ -142,3 +142,29 @@ def test_a_job_waiting_for_the_gpu_can_be_stopped(stack, tiny_models, dirs):  # 
     with pytest.raises(grpc.RpcError) as e:  # and it stays stopped: nothing trains once the GPU frees
         service.StopTraining(pb.StopTrainingRequest(job_id=job_id), timeout=10)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_job_whose_lease_is_lost_checkpoints_and_stops(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+    """The broker dies under a running job: the trainer must not go on computing outside the books."""
+    import signal
+
+    from service_kit.service_process import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    broker_proc, _ = start_broker(fake_devices="1x24GiB", listen=address)
+    proc = start_service("training_service", *TRAINING_ROOTS, "--broker", address, "--output-dir",
+                         str(tmp_path / "out"), "--adapter-store", str(dirs["adapters"]), timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    service = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        job_id = service.StartTraining(request(tiny_models, dirs, steps=400)).job_id
+        _wait_first_step(service, job_id)
+        broker_proc.stop(signal.SIGKILL)
+        events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
+        assert "LEASE_LOST" in [e.warning.reason for e in events if e.WhichOneof("event") == "warning"]
+        finished = events[-1].finished
+        assert finished.state == pb.TRAINING_JOB_STATE_SUSPENDED and finished.steps_completed < 400
+        assert "lease was lost" in finished.message
+    finally:
+        channel.close()
+        proc.stop()
