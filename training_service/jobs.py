@@ -164,14 +164,8 @@ class JobManager:
                 task.cancel()
         running = [(self.store.get(job_id), proc) for job_id, proc in self._procs.items() if proc.returncode is None]
         for record, proc in running:
-            await self._append(record, "warning", {"reason": "SERVICE_STOPPING",
-                                                   "message": "the training service is stopping: saving a "
-                                                              "checkpoint; resume with resume_job_id"})
-            try:
-                proc.stdin.write(b"stop suspend draining\n")
-                await proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+            await self._stop_child(record, "suspend draining", "SERVICE_STOPPING",
+                                   "the training service is stopping: saving a checkpoint; resume with resume_job_id")
         waits = [asyncio.ensure_future(proc.wait()) for _, proc in running]
         if waits:
             _, late = await asyncio.wait(waits, timeout=timeout_s)
@@ -187,30 +181,31 @@ class JobManager:
 
     async def _suspend(self, record: JobRecord, event) -> None:
         """Preempted: the child checkpoints at its next step and exits; then the client library releases."""
-        proc = self._procs.get(record.job_id)
-        if proc is None or proc.returncode is not None:
-            return
-        await self._append(record, "warning", {"reason": "PREEMPTED",
-                                               "message": f"GPU preempted by {event.for_holder.client_id!r}: saving a "
-                                                          "checkpoint and releasing"})
-        proc.stdin.write(b"stop suspend preempted\n")
-        await proc.stdin.drain()
-        await proc.wait()
+        proc = await self._stop_child(record, "suspend preempted", "PREEMPTED",
+                                      f"GPU preempted by {event.for_holder.client_id!r}: saving a checkpoint and "
+                                      "releasing")
+        if proc is not None:
+            await proc.wait()
 
     async def _suspend_lease_lost(self, record: JobRecord) -> None:
         """The broker went away with this job's lease: nothing may compute outside the books, so the child
         checkpoints at its next step and the job ends SUSPENDED (resume it once the broker is back)."""
+        await self._stop_child(record, "suspend lease-lost", "LEASE_LOST",
+                               "the GPU broker went away with this job's lease: saving a checkpoint and stopping")
+
+    async def _stop_child(self, record: JobRecord, how: str, reason: str, message: str):
+        """Says why on the job's stream, then tells its child `stop <how>` (honoured at the next step boundary).
+        Returns the child, or None when none runs."""
         proc = self._procs.get(record.job_id)
         if proc is None or proc.returncode is not None:
-            return
-        await self._append(record, "warning", {"reason": "LEASE_LOST",
-                                               "message": "the GPU broker went away with this job's lease: saving a "
-                                                          "checkpoint and stopping"})
+            return None
+        await self._append(record, "warning", {"reason": reason, "message": message})
         try:
-            proc.stdin.write(b"stop suspend lease-lost\n")
+            proc.stdin.write(f"stop {how}\n".encode())
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            pass  # it is exiting already; its end is recorded when the process is reaped
+        return proc
 
     async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
         """Under the watchers' lock: a watcher never sees a final state without its `finished` event."""
