@@ -16,7 +16,7 @@ def test_a_running_generation_finishes_and_new_calls_are_told_to_retry(tiny_mode
     try:
         client.load("tiny-z", tiny_models["zimage"])
         running = BackgroundStream(client.stub.Generate(pb.GenerateRequest(
-            model_id="tiny-z", prompt="a card", width=64, height=64, steps=60, seeds=[1]), timeout=120))
+            model_id="tiny-z", prompt="a card", width=64, height=64, steps=200, seeds=[1]), timeout=120))
         assert running.progress.wait(60)
         proc.proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)
