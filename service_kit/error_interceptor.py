@@ -93,16 +93,18 @@ class _Edge:
         enforce(request, self.rules)
         return request
 
+    async def fail(self, context, err: Exception) -> None:
+        """Answers the call for `err`: its own code for a ServiceError, INTERNAL for a bug (never UNKNOWN)."""
+        if isinstance(err, grpc.aio.BaseError):  # context.abort() ending the call: not an error of ours
+            raise err
+        await _abort(context, err if isinstance(err, ServiceError) else _internal(err, self.method))
+
     def unary(self, behavior):
         async def wrapped(raw, context):
             try:
                 return await behavior(self.admit(raw), context)
-            except ServiceError as err:
-                await _abort(context, err)
             except Exception as err:  # noqa: BLE001 - the last net: a bug answers INTERNAL, not UNKNOWN
-                if _is_abort(err):
-                    raise
-                await _abort(context, _internal(err, self.method))
+                await self.fail(context, err)
 
         return wrapped
 
@@ -112,12 +114,8 @@ class _Edge:
                 try:
                     async for item in behavior(self.admit(raw), context):
                         yield item
-                except ServiceError as err:
-                    await _abort(context, err)
                 except Exception as err:  # noqa: BLE001
-                    if _is_abort(err):
-                        raise
-                    await _abort(context, _internal(err, self.method))
+                    await self.fail(context, err)
 
             return wrapped_gen
         # A handler that writes with context.write() (the health service's Watch) stays a coroutine.
@@ -142,24 +140,18 @@ class _Edge:
                 try:
                     async for item in run(request_iterator, context):
                         yield item
-                except ServiceError as err:
-                    await _abort(context, err)
+                except Exception as err:  # noqa: BLE001
+                    await self.fail(context, err)
 
             return wrapped_gen
 
         async def wrapped(request_iterator, context):
             try:
                 return await run(request_iterator, context)
-            except ServiceError as err:
-                await _abort(context, err)
+            except Exception as err:  # noqa: BLE001
+                await self.fail(context, err)
 
         return wrapped
-
-
-def _is_abort(err: Exception) -> bool:
-    """context.abort() raises to end the call; that is not an error of ours."""
-    return type(err).__name__ in ("AbortError", "BaseError", "UsageError", "InternalError") and \
-        type(err).__module__.startswith("grpc")
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):

@@ -217,33 +217,23 @@ def _header(meta: dict) -> bytes:
     return len(blob).to_bytes(8, "little") + blob
 
 
-@pytest.mark.parametrize("content", [
-    b"\x00" * 4,  # shorter than the length prefix
-    (2**62).to_bytes(8, "little") + b"{}",  # a header that claims 2**62 bytes
-    (20).to_bytes(8, "little") + b"\xff" * 20,  # a header that is not JSON
-    _header({"w": {"dtype": "F32", "data_offsets": [0, 16]}}) + b"\x00" * 16,  # no shape
-    _header({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}}) + b"\x00" * 10,  # truncated data
-    _header({"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}) + b"\x00" * 4,
-], ids=["short", "huge-header", "not-json", "no-shape", "truncated", "impossible-shape"])
-def test_corrupt_weights_are_refused_while_the_model_stays(stack, content):
+@pytest.mark.parametrize("suffix, content", [
+    (".safetensors", b"\x00" * 4),  # shorter than the length prefix
+    (".safetensors", (2**62).to_bytes(8, "little") + b"{}"),  # a header that claims 2**62 bytes
+    (".safetensors", (20).to_bytes(8, "little") + b"\xff" * 20),  # a header that is not JSON
+    (".safetensors", _header({"w": {"dtype": "F32", "data_offsets": [0, 16]}}) + b"\x00" * 16),  # no shape
+    (".safetensors", _header({"w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [0, 64]}}) + b"\x00" * 10),
+    (".safetensors", _header({"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 4]}}) + b"\0" * 4),
+    (".gguf", b"GGUF" + os.urandom(64)),  # the magic, then garbage
+], ids=["short", "huge-header", "not-json", "no-shape", "truncated", "impossible-shape", "garbage-gguf"])
+def test_corrupt_weights_are_refused_while_the_model_stays(stack, suffix, content):
     load(stack)
-    bad = stack["root"] / "models" / "bad.safetensors"
+    bad = stack["root"] / "models" / f"bad{suffix}"
     bad.write_bytes(content)
     stub = stack["connect"]("inference", "alice")
-    source = ipb.ModelSource(single_file=ipb.SingleFileCheckpoint(
-        path=str(bad), companions=ipb.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage"))))
-    assert code_reason(stub.Load, ipb.LoadRequest(model_id="bad", source=source), timeout=30) == \
-        (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
-    assert [m.model_id for m in stub.ListModels(ipb.ListModelsRequest(), timeout=5).models] == ["tiny"]
-
-
-def test_garbage_gguf_is_refused(stack):
-    load(stack)
-    bad = stack["root"] / "models" / "bad.gguf"
-    bad.write_bytes(b"GGUF" + os.urandom(64))
-    stub = stack["connect"]("inference", "alice")
-    source = ipb.ModelSource(gguf=ipb.GgufTransformer(
-        path=str(bad), base=ipb.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage"))))
+    base = ipb.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage"))
+    source = ipb.ModelSource(single_file=ipb.SingleFileCheckpoint(path=str(bad), companions=base)) \
+        if suffix == ".safetensors" else ipb.ModelSource(gguf=ipb.GgufTransformer(path=str(bad), base=base))
     assert code_reason(stub.Load, ipb.LoadRequest(model_id="bad", source=source), timeout=30) == \
         (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
     assert [m.model_id for m in stub.ListModels(ipb.ListModelsRequest(), timeout=5).models] == ["tiny"]
