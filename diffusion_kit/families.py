@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from diffusion.v1 import common_pb2
+from diffusion_kit.precision import Precision
 from service_kit.errors import InvalidArgument, NotFound
 
 GB = 10**9
@@ -38,7 +39,7 @@ class FamilySpec:
     companions_bytes: int  # text encoders + VAE, bf16
     default_repo: str
     # Precisions that corrupt this family's output (activation outliers beyond fp8's range).
-    denied_precisions: frozenset[int] = frozenset()
+    denied_precisions: frozenset[Precision] = frozenset()
     # How many text tokens the default pipeline call encodes (for per-step FLOP estimates).
     max_sequence_length: int = 512
     # Name fragments of the denoiser's Linear layers that see one row per sample, not per token: the
@@ -86,7 +87,7 @@ FAMILIES: dict[str, FamilySpec] = {
         denoiser_bytes=int(20.4e9 * 2), companions_bytes=int((8.3e9 + 0.13e9) * 2),
         default_repo="Qwen/Qwen-Image",
         per_sample_linears=("time_text_embed.", "img_mod.", "txt_mod.", "norm_out.linear"),
-        denied_precisions=frozenset({common_pb2.PRECISION_FP8, common_pb2.PRECISION_MXFP8})),
+        denied_precisions=frozenset({Precision.FP8, Precision.MXFP8})),
     "sdxl": FamilySpec(
         key="sdxl", proto=common_pb2.FAMILY_SDXL, display="SDXL", pipeline_class="StableDiffusionXLPipeline",
         denoiser="unet", denoiser_class="UNet2DConditionModel",

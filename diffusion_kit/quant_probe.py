@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-SCHEMES = ("int8", "fp8", "mxfp8", "nvfp4")
-BLACKWELL_ONLY = frozenset({"mxfp8", "nvfp4"})
+from diffusion_kit.precision import BLACKWELL_ONLY, TORCHAO_SCHEMES
+
 # Token-exact data-center names: HBM parts whose fp8 FP32-accumulate is not halved (A40 is data-center, A4000 is not).
 _DATA_CENTER = {"H100", "H200", "H800", "H20", "B100", "B200", "B300", "GB200", "GB300", "A100", "A800", "A30", "A40",
                 "A10", "A10G", "A16", "A2", "L4", "L20", "L40", "L40S", "V100", "T4", "P100", "GH200"}
@@ -133,11 +133,11 @@ def smoke_probe_schemes(caps) -> tuple[set[str], dict[str, str]]:
     from torchao.quantization import quantize_
 
     device = "cuda" if caps.device_kind == "cuda" else "cpu"
-    ok, failures = set(), {}
-    for scheme in SCHEMES:
+    ok, failures = set(), {}  # by the scheme's key ("fp8")
+    for scheme in TORCHAO_SCHEMES:
         reason = why_not(scheme, caps)
         if reason:
-            failures[scheme] = reason
+            failures[scheme.value] = reason
             continue
         try:
             dtype = torch.bfloat16 if caps.native_bf16 else torch.float32
@@ -148,7 +148,7 @@ def smoke_probe_schemes(caps) -> tuple[set[str], dict[str, str]]:
                 out = lin(torch.randn(32, 256, device=device, dtype=dtype))
             if not torch.isfinite(out).all():
                 raise RuntimeError("non-finite output")
-            ok.add(scheme)
+            ok.add(scheme.value)
         except Exception as e:  # a scheme that fails its probe is reported, never used
-            failures[scheme] = f"{scheme} smoke probe failed: {type(e).__name__}: {str(e)[:200]}"
+            failures[scheme.value] = f"{scheme} smoke probe failed: {type(e).__name__}: {str(e)[:200]}"
     return ok, failures

@@ -51,7 +51,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
     from diffusion_kit.adapter_store import AdapterStore
     from diffusion_kit.host_caps import probe_host
     from inference_service.engine import InferenceEngine
-    from inference_service.load_request import EngineSettings
+    from inference_service.load_plan import EngineSettings
     from inference_service.server import create_inference_server
 
     import diffusers

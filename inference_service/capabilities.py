@@ -7,13 +7,13 @@ from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.dtype_policy import resolve_compute_dtype
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.precision import DENSE, QUANTIZED, Precision
 from inference_service.memory_plan import MODES, plan_memory
 from inference_service.quant_policy import resolve_quant
 from service_kit.errors import ServiceError
 
-COMPUTE = (c.PRECISION_AUTO, c.PRECISION_BF16, c.PRECISION_FP16, c.PRECISION_FP32)
-TRANSFORMER = (c.PRECISION_AUTO, c.PRECISION_NF4, c.PRECISION_INT8, c.PRECISION_FP8, c.PRECISION_MXFP8,
-               c.PRECISION_NVFP4)
+COMPUTE = (Precision.AUTO, *DENSE)
+TRANSFORMER = (Precision.AUTO, *QUANTIZED)
 
 
 def family_capabilities(caps: HostCaps, family: FamilySpec) -> pb.FamilyCapabilities:
@@ -25,22 +25,22 @@ def family_capabilities(caps: HostCaps, family: FamilySpec) -> pb.FamilyCapabili
         try:
             _, record = resolve_compute_dtype(value, caps, family)
         except ServiceError as e:
-            out.notes.append(f"{c.Precision.Name(value)}: {e.message}")
+            out.notes.append(f"{value.proto_name}: {e.message}")
             continue
         if record.fell_back():  # a request that would not get what it asked for is not advertised
-            out.notes.append(f"{c.Precision.Name(value)}: {record.reason}")
+            out.notes.append(f"{value.proto_name}: {record.reason}")
         else:
-            out.compute_precisions.append(value)
+            out.compute_precisions.append(value.proto)
     for value in TRANSFORMER:
         try:
-            choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
+            choice = resolve_quant(value, Precision.UNSPECIFIED, None, caps, family, compiled=True)
         except ServiceError as e:
-            out.notes.append(f"{c.Precision.Name(value)}: {e.message}")
+            out.notes.append(f"{value.proto_name}: {e.message}")
             continue
         if choice.resolved[0].fell_back():
-            out.notes.append(f"{c.Precision.Name(value)}: {choice.resolved[0].reason}")
+            out.notes.append(f"{value.proto_name}: {choice.resolved[0].reason}")
         else:
-            out.transformer_precisions.append(value)
+            out.transformer_precisions.append(value.proto)
     dtype_bytes = 2 if caps.native_bf16 else 4
     footprint = family.dense_bytes * dtype_bytes // 2
     largest = max(family.denoiser_bytes, family.companions_bytes) * dtype_bytes // 2

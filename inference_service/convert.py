@@ -1,9 +1,58 @@
-"""Engine values to proto messages. No policy here."""
+"""Protos to typed requests on the way in, engine values to protos on the way out. No policy here."""
 from __future__ import annotations
 
 from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.families import family_from_proto
+from diffusion_kit.precision import Precision
+from inference_service import requests as rq
 from inference_service.engine import GenerationEvent, LoadedModel, LoadEvent
 from service_kit.proto_time import duration, timestamp
+
+IMAGE_FORMATS = {pb.IMAGE_FORMAT_UNSPECIFIED: "png", pb.IMAGE_FORMAT_PNG: "png", pb.IMAGE_FORMAT_WEBP: "webp",
+                 pb.IMAGE_FORMAT_JPEG: "jpeg", pb.IMAGE_FORMAT_RAW_RGB8: "raw_rgb8"}
+
+
+# ---- in: the edge has already checked sizes and closed every enum ------------------------------
+
+def model_source(msg) -> rq.ModelSource | None:
+    """A ModelSource message (any service's) as a typed source; None when no source is set."""
+    kind = msg.WhichOneof("source")
+    if kind == "local_dir":
+        return rq.LocalDir(msg.local_dir)
+    if kind == "hub_repo":
+        return rq.HubRepo(msg.hub_repo.repo_id, msg.hub_repo.revision or None)
+    if kind == "single_file":
+        return rq.SingleFile(msg.single_file.path, model_source(msg.single_file.companions))
+    if kind == "gguf":
+        return rq.GgufFile(msg.gguf.path, model_source(msg.gguf.base))
+    return None
+
+
+def load_request(msg: pb.LoadRequest) -> rq.LoadRequest:
+    return rq.LoadRequest(
+        model_id=msg.model_id, source=model_source(msg.source),
+        family=family_from_proto(msg.family) if msg.family else None,
+        compute_precision=Precision.of_proto(msg.compute_precision),
+        transformer_precision=Precision.of_proto(msg.transformer_precision),
+        text_encoder_precision=Precision.of_proto(msg.text_encoder_precision),
+        memory_mode=msg.memory_mode, speed_mode=msg.speed_mode,
+        fp8_fast_accumulate=msg.fp8_fast_accumulate if msg.HasField("fp8_fast_accumulate") else None,
+        priority=msg.priority, device_index=msg.device_index if msg.HasField("device_index") else None)
+
+
+def generate_request(msg: pb.GenerateRequest) -> rq.GenerateRequest:
+    return rq.GenerateRequest(
+        model_id=msg.model_id, prompt=msg.prompt, negative_prompt=msg.negative_prompt, width=msg.width,
+        height=msg.height, steps=msg.steps,
+        guidance_scale=msg.guidance_scale if msg.HasField("guidance_scale") else None,
+        seeds=tuple(msg.seeds), num_images=msg.num_images,
+        adapters=tuple(rq.AdapterUse(a.adapter_id, a.weight) for a in msg.adapters),
+        output_format=IMAGE_FORMATS[msg.output_format],
+        encode_quality=msg.encode_quality if msg.HasField("encode_quality") else None,
+        generation_id=msg.generation_id)
+
+
+# ---- out ---------------------------------------------------------------------------------------
 
 LOAD_PHASES = {name.removeprefix("LOAD_PHASE_").lower(): value for name, value in pb.LoadPhase.items()}
 GEN_PHASES = {name.removeprefix("GENERATION_PHASE_").lower(): value for name, value in pb.GenerationPhase.items()}

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import AsyncIterator
 
-from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved
 from diffusion_kit.adapter_store import AdapterStore
 from diffusion_kit.path_roots import Roots
 from inference_service import generation, lora_runtime, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
-from inference_service.load_request import EngineSettings, check_request, plan_load
+from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
 from inference_service.model_source import resolve_source
+from inference_service.requests import GenerateRequest, HubRepo, LoadRequest
 from service_kit.auth import Caller, current_caller
 from service_kit.errors import clip
 from service_kit.errors import (
@@ -92,20 +92,20 @@ class LoadedModel:
     built: pipeline_builder.BuiltPipeline
     loaded_at: float
     device_index: int
-    request: pb.LoadRequest
+    request: LoadRequest
     owner: str = "anonymous"  # the identity that loaded it: only it (or an admin) may unload or replace it
     lease: object = None  # gpu_broker.client.HeldLease while the broker lends the device
     lora: lora_runtime.LoraState = field(default_factory=lora_runtime.LoraState)
 
     @property
-    def plan(self) -> pipeline_builder.LoadPlan:
+    def plan(self) -> LoadPlan:
         return self.built.plan
 
 
 @dataclass
 class _Job:
     id: str
-    request: pb.GenerateRequest
+    request: GenerateRequest
     spec: generation.GenerationSpec  # parsed once, against the model loaded when it was queued
     events: asyncio.Queue
     owner: str = "anonymous"  # only the caller that started it (or an admin) sees and cancels it
@@ -151,7 +151,7 @@ class InferenceEngine:
         self._wake = asyncio.Event()
         self._runner: asyncio.Task | None = None
         # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
-        self._unloaded_by_preempt: tuple[pb.LoadRequest, str, str] | None = None
+        self._unloaded_by_preempt: tuple[LoadRequest, str, str] | None = None
         self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
         self._step_rate: dict[str, float] = {}  # model id -> measured denoise seconds per step per megapixel
         self._load_abort: threading.Event | None = None
@@ -161,7 +161,7 @@ class InferenceEngine:
 
     # ---- load / unload ------------------------------------------------------------------
 
-    async def load(self, req: pb.LoadRequest, caller: Caller | None = None) -> AsyncIterator[LoadEvent]:
+    async def load(self, req: LoadRequest, caller: Caller | None = None) -> AsyncIterator[LoadEvent]:
         caller = caller or current_caller()
         self._refuse_if_draining()
         t0 = time.perf_counter()
@@ -169,7 +169,7 @@ class InferenceEngine:
         check_request(req)
         caller.check_priority(req.priority)
         self._check_may_replace(caller, f"load {req.model_id}")
-        if req.source.WhichOneof("source") == "hub_repo":
+        if isinstance(req.source, HubRepo):
             source = None
             async for event in self._download(req, t0):
                 if isinstance(event, LoadEvent):
@@ -195,11 +195,11 @@ class InferenceEngine:
                     self._load_abort.set()
                 await asyncio.shield(asyncio.wait([task]))
 
-    async def _download(self, req: pb.LoadRequest, t0: float):
+    async def _download(self, req: LoadRequest, t0: float):
         """Resolves a hub source in a thread, yielding DOWNLOADING events with bytes as they land, then the source."""
         loop = asyncio.get_running_loop()
         progress: asyncio.Queue = asyncio.Queue()
-        what = f"scoped download of {req.source.hub_repo.repo_id}"
+        what = f"scoped download of {req.source.repo_id}"
 
         def on_progress(done: int, total: int) -> None:
             loop.call_soon_threadsafe(progress.put_nowait, (done, total))
@@ -228,7 +228,7 @@ class InferenceEngine:
         mine = self._model.plan.memory.device_bytes if self._model else 0
         return self.caps.with_free(self._probe_free() + mine)
 
-    async def _check_grantable(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan) -> None:
+    async def _check_grantable(self, req: LoadRequest, plan: LoadPlan) -> None:
         """Before the resident model is evicted: the broker has the device asked for, and it is big enough."""
         if self.broker is None:
             return
@@ -239,10 +239,10 @@ class InferenceEngine:
         except grpc.aio.AioRpcError as e:
             raise Unavailable(f"the GPU broker cannot be asked ({e.code().name}); nothing was unloaded, retry",
                               reason="BROKER_UNAVAILABLE") from e
-        if req.HasField("device_index") and req.device_index >= len(devices):
+        if req.device_index is not None and req.device_index >= len(devices):
             raise InvalidArgument(f"device_index {req.device_index} does not exist; the broker has devices "
                                   f"0..{len(devices) - 1}", reason="UNKNOWN_DEVICE", field="device_index")
-        pool = [devices[req.device_index]] if req.HasField("device_index") else devices
+        pool = [devices[req.device_index]] if req.device_index is not None else devices
         largest = max((d.total_bytes for d in pool), default=0)
         if plan.memory.device_bytes > largest:
             raise ResourceExhausted(f"{plan.model_id} needs {plan.memory.device_bytes / 2**30:.1f} GiB; the largest "
@@ -256,7 +256,7 @@ class InferenceEngine:
                                    "or an admin may unload or replace it", reason="NOT_OWNER",
                                    metadata={"model_id": model.model_id})
 
-    async def _load_plan(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan, events: asyncio.Queue,
+    async def _load_plan(self, req: LoadRequest, plan: LoadPlan, events: asyncio.Queue,
                          t0: float, caller: Caller) -> LoadedModel:
         loop = asyncio.get_running_loop()
 
@@ -294,7 +294,7 @@ class InferenceEngine:
             self._load_abort = None
             events.put_nowait(_END)
 
-    async def _acquire(self, req: pb.LoadRequest, plan: pipeline_builder.LoadPlan, abort: threading.Event):
+    async def _acquire(self, req: LoadRequest, plan: LoadPlan, abort: threading.Event):
         from gpu_broker.client import LeaseError, LeaseRequest
 
         async def on_abort(event):
@@ -302,7 +302,7 @@ class InferenceEngine:
 
         request = LeaseRequest(self.client_id, purpose=f"inference: {plan.model_id} ({plan.family.display})",
                                priority=req.priority, memory_bytes=plan.memory.device_bytes,
-                               device_index=req.device_index if req.HasField("device_index") else None)
+                               device_index=req.device_index)
         ctx = self.broker.lease(request, on_preempt=self._on_preempt, on_abort=on_abort)
         try:
             return await ctx.__aenter__()
@@ -354,7 +354,7 @@ class InferenceEngine:
     def new_generation_id() -> str:
         return "gen-" + uuid.uuid4().hex[:12]
 
-    async def generate(self, req: pb.GenerateRequest, generation_id: str = "", caller: Caller | None = None,
+    async def generate(self, req: GenerateRequest, generation_id: str = "", caller: Caller | None = None,
                        deadline_s: float | None = None) -> AsyncIterator[GenerationEvent]:
         """Queues a generation and yields its events. `deadline_s` (the call's time left) refuses at once a request
         this model's measured step rate says cannot finish in time, so it never holds the GPU for nothing."""
@@ -514,7 +514,7 @@ class InferenceEngine:
                    for img, seed in zip(out.images, spec.seeds)]
         datas = await asyncio.gather(*futures)
         now = time.perf_counter()
-        mime = MIME[spec.output_format or pb.IMAGE_FORMAT_PNG]
+        mime = MIME[spec.output_format]
         images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
         result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,

@@ -13,22 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service.model_limits import ModelLimits
+from inference_service.requests import AdapterUse, GenerateRequest
 from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
 
 MAX_STEPS = 200
 MAX_IMAGES = 16
 # The pixels of one request's images together: a raw 4096x4096x4 result (192 MiB) still fits one response.
 MAX_TOTAL_PIXELS = 64 * 2**20
-
-
-@dataclass(frozen=True)
-class AdapterUse:
-    adapter_id: str
-    weight: float
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ class GenerationSpec:
     guidance: float
     seeds: tuple[int, ...]
     adapters: tuple[AdapterUse, ...]
-    output_format: int
+    output_format: str  # png | webp | jpeg | raw_rgb8
     encode_quality: int | None
     resolved: tuple[Resolved, ...]
 
@@ -56,7 +50,7 @@ class GenerationSpec:
                 "settings": settings}
 
 
-def parse_generate(req: pb.GenerateRequest, family: FamilySpec, limits: ModelLimits) -> GenerationSpec:
+def parse_generate(req: GenerateRequest, family: FamilySpec, limits: ModelLimits) -> GenerationSpec:
     """Validates against the loaded model and fills the family's defaults, recording each choice."""
     if not req.prompt.strip():
         raise InvalidArgument("prompt is required", reason="MISSING_PROMPT", field="prompt")
@@ -87,7 +81,7 @@ def parse_generate(req: pb.GenerateRequest, family: FamilySpec, limits: ModelLim
     steps = default("steps", req.steps, family.default_steps)
     if not 1 <= steps <= MAX_STEPS:
         raise InvalidArgument(f"steps must be 1..{MAX_STEPS}, got {steps}", reason="BAD_STEPS")
-    if req.HasField("guidance_scale"):
+    if req.guidance_scale is not None:
         guidance = req.guidance_scale
         if not 0 <= guidance <= 30:
             raise InvalidArgument(f"guidance_scale must be 0..30, got {guidance}", reason="BAD_GUIDANCE")
@@ -111,24 +105,21 @@ def parse_generate(req: pb.GenerateRequest, family: FamilySpec, limits: ModelLim
     seeds = tuple(req.seeds) or tuple(secrets.randbits(63) for _ in range(count))
     if not req.seeds:
         resolved.append(Resolved("seeds", "unset", ",".join(map(str, seeds)), Source.AUTO, reason="random"))
-    adapters = []
-    for a in req.adapters:
+    adapters = list(req.adapters)
+    for a in adapters:
         if not a.adapter_id:
             raise InvalidArgument("adapters[].adapter_id is required", reason="MISSING_ADAPTER_ID")
         if not 0 <= a.weight <= 2:
             raise InvalidArgument(f"adapter {clip(a.adapter_id)} weight must be 0..2, got {a.weight}",
                                   reason="BAD_ADAPTER_WEIGHT")
-        adapters.append(AdapterUse(a.adapter_id, a.weight))
     if len({a.adapter_id for a in adapters}) != len(adapters):
         raise InvalidArgument("an adapter may appear once per request", reason="DUPLICATE_ADAPTER")
-    if req.output_format not in pb.ImageFormat.values():
-        raise InvalidArgument(f"unknown output_format {req.output_format}", reason="UNKNOWN_ENUM_VALUE")
-    quality = req.encode_quality if req.HasField("encode_quality") else None
+    quality = req.encode_quality
     if quality is not None:
-        fmt = req.output_format or pb.IMAGE_FORMAT_PNG
-        lo, hi = (0, 9) if fmt == pb.IMAGE_FORMAT_PNG else (1, 100)
+        lo, hi = (0, 9) if req.output_format == "png" else (1, 100)
         if not lo <= quality <= hi:
-            raise InvalidArgument(f"encode_quality for {pb.ImageFormat.Name(fmt)} must be {lo}..{hi}", reason="BAD_QUALITY")
+            raise InvalidArgument(f"encode_quality for IMAGE_FORMAT_{req.output_format.upper()} must be {lo}..{hi}",
+                                  reason="BAD_QUALITY")
     negative = req.negative_prompt
     if family.guidance_kwarg == "true_cfg_scale" and guidance > 1 and not negative:
         negative = " "  # Qwen-Image runs CFG only with a negative prompt; a blank one is its documented default

@@ -8,33 +8,30 @@ from __future__ import annotations
 import io
 import json
 
-from diffusion.v1 import inference_pb2 as pb
-
-MIME = {pb.IMAGE_FORMAT_PNG: "image/png", pb.IMAGE_FORMAT_WEBP: "image/webp", pb.IMAGE_FORMAT_JPEG: "image/jpeg",
-        pb.IMAGE_FORMAT_RAW_RGB8: "application/octet-stream"}
+MIME = {"png": "image/png", "webp": "image/webp", "jpeg": "image/jpeg", "raw_rgb8": "application/octet-stream"}
 DEFAULT_PNG_LEVEL = 1
 DEFAULT_QUALITY = 90
 RECIPE_KEY = "diffusion_recipe"
 JPEG_COMMENT_BYTES = 65_533  # one COM segment: a 16-bit length that counts itself
 
 
-def encode_image(image, fmt: int, quality: int | None, recipe: dict) -> bytes:
+def encode_image(image, fmt: str, quality: int | None, recipe: dict) -> bytes:
     """PNG (recipe in a text chunk), WebP (XMP), JPEG (comment), or raw RGB8 bytes without metadata."""
     text = json.dumps(recipe, sort_keys=True)
     buf = io.BytesIO()
-    if fmt in (pb.IMAGE_FORMAT_UNSPECIFIED, pb.IMAGE_FORMAT_PNG):
+    if fmt == "png":
         from PIL.PngImagePlugin import PngInfo
 
         info = PngInfo()
         info.add_text(RECIPE_KEY, text)
         info.add_text("parameters", _a1111_line(recipe))
         image.save(buf, format="PNG", pnginfo=info, compress_level=DEFAULT_PNG_LEVEL if quality is None else quality)
-    elif fmt == pb.IMAGE_FORMAT_WEBP:
+    elif fmt == "webp":
         xmp = f'<x:xmpmeta xmlns:x="adobe:ns:meta/"><{RECIPE_KEY}>{_xml_escape(text)}</{RECIPE_KEY}></x:xmpmeta>'
         image.save(buf, format="WEBP", quality=quality or DEFAULT_QUALITY, xmp=xmp.encode())
-    elif fmt == pb.IMAGE_FORMAT_JPEG:
+    elif fmt == "jpeg":
         image.convert("RGB").save(buf, format="JPEG", quality=quality or DEFAULT_QUALITY, comment=_jpeg_comment(recipe))
-    elif fmt == pb.IMAGE_FORMAT_RAW_RGB8:
+    elif fmt == "raw_rgb8":
         return image.convert("RGB").tobytes()
     else:
         raise ValueError(f"unknown image format {fmt}")

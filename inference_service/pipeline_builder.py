@@ -14,32 +14,9 @@ from typing import Callable
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
-from inference_service.memory_plan import MemoryPlan
+from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
-from inference_service.model_source import SourceFiles
-from inference_service.quant_policy import QuantChoice
-from inference_service.speed_plan import SpeedPlan
 from service_kit.errors import Cancelled, FailedPrecondition
-
-TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-
-
-@dataclass
-class LoadPlan:
-    model_id: str
-    family: FamilySpec
-    source: SourceFiles
-    dtype: str
-    quant: QuantChoice
-    memory: MemoryPlan
-    speed: SpeedPlan
-    device: str  # "cuda", "cpu", ...
-    quant_min_features: int
-    compile_backend: str
-    warmup_resolution: int
-    resolved: list[Resolved] = field(default_factory=list)
-    lora_max_rank: int = 64
-    footprint_bytes: int = 0
 
 
 @dataclass
@@ -65,7 +42,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     import diffusers
     import torch
 
-    dtype = getattr(torch, TORCH_DTYPES[plan.dtype])
+    dtype = getattr(torch, plan.dtype.facts.torch_dtype)
     family, src = plan.family, plan.source
     flags_before = backend_flags.snapshot()
     resolved = list(plan.resolved)
@@ -78,7 +55,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         if src.kind == "gguf":
             single["quantization_config"] = diffusers.GGUFQuantizationConfig(compute_dtype=dtype)
         kwargs[family.denoiser] = denoiser_cls.from_single_file(str(src.denoiser_file), **single)
-    if plan.quant.transformer == "nf4":
+    if plan.quant.transformer and plan.quant.transformer.facts.library == "bitsandbytes":
         kwargs["quantization_config"] = diffusers.PipelineQuantizationConfig(
             quant_backend="bitsandbytes_4bit",
             quant_kwargs={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": dtype},
@@ -91,7 +68,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     resident = plan.memory.mode == "resident"
     if resident and plan.device != "cpu":
         pipe.to(plan.device)  # quantise on the device: seconds instead of minutes on the CPU
-    if plan.quant.transformer in ("int8", "fp8", "mxfp8", "nvfp4") or plan.quant.text_encoder:
+    if (plan.quant.transformer and plan.quant.transformer.facts.library == "torchao") or plan.quant.text_encoder:
         on_phase("quantizing", f"transformer {plan.quant.transformer or 'dense'}, text encoder "
                                f"{plan.quant.text_encoder or 'dense'}")
         resolved += _quantize(pipe, plan)
@@ -151,7 +128,7 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
     out = []
     accept = min_feature_filter(plan.quant_min_features)
     scheme, family = plan.quant.transformer, plan.family
-    if scheme in ("int8", "fp8", "mxfp8", "nvfp4"):
+    if scheme and scheme.facts.library == "torchao":
         denoiser = getattr(pipe, family.denoiser)
         linears = [(n, m) for n, m in denoiser.named_modules() if isinstance(m, torch.nn.Linear)]
         chosen = sum(1 for n, m in linears if accept(m, n))

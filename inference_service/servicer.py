@@ -15,14 +15,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def Load(self, request, context):
         sequence = 0
-        async for event in self.engine.load(request):
+        async for event in self.engine.load(convert.load_request(request)):
             sequence += 1
             yield convert.load_response(event, sequence)
 
     async def Generate(self, request, context):
         generation_id = request.generation_id or self.engine.new_generation_id()
         sequence = 0
-        async for event in self.engine.generate(request, generation_id, deadline_s=context.time_remaining()):
+        async for event in self.engine.generate(convert.generate_request(request), generation_id,
+                                                deadline_s=context.time_remaining()):
             sequence += 1
             yield convert.generate_response(event, generation_id, sequence)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffusion.v1 import common_pb2 as c
+from diffusion_kit.precision import Precision
 from diffusion_kit.quant_probe import int8_dynamic
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service.memory_plan import MODES as MEMORY_MODES
-from service_kit.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -48,24 +48,22 @@ def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> d
     return options
 
 
-def plan_speed(requested: int, *, device_kind: str, transformer_quant: str | None, memory_mode: str,
+def plan_speed(requested: int, *, device_kind: str, transformer_quant: Precision | None, memory_mode: str,
                compile_backend: str) -> SpeedPlan:
     asked = c.SpeedMode.Name(requested)
     if requested in (c.SPEED_MODE_UNSPECIFIED, c.SPEED_MODE_OFF):
         source = Source.EXPLICIT if requested == c.SPEED_MODE_OFF else Source.DEFAULT
         return SpeedPlan("off", False, {}, False, False, False, False, (
             Resolved("speed_mode", asked, "SPEED_MODE_OFF", source, reason="eager: the same seed gives identical bytes"),))
-    if requested not in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX):
-        raise InvalidArgument(f"unknown speed_mode {requested}", reason="UNKNOWN_ENUM_VALUE")
     mode = "max" if requested == c.SPEED_MODE_MAX else "default"
     records = [Resolved("speed_mode", asked, asked, Source.EXPLICIT)]
     compile_ok, why_not = True, ""
-    if transformer_quant == "nf4":
+    if transformer_quant == Precision.NF4:
         compile_ok, why_not = False, "bitsandbytes 4-bit layers are not compiled"
     elif memory_mode in OFFLOAD_HOOK_MODES:
         compile_ok, why_not = False, f"{memory_mode} offload hooks move modules between devices every call"
     options = compile_options(mode, compile_backend=compile_backend,
-                              int8_dynamic=transformer_quant == "int8" and int8_dynamic(device_kind, compile_ok))
+                              int8_dynamic=transformer_quant == Precision.INT8 and int8_dynamic(device_kind, compile_ok))
     records.append(Resolved("compile", "on", f"regional ({compile_backend}{', ' if options else ''}"
                                              f"{', '.join(sorted(options))})" if compile_ok else "off", Source.AUTO,
                             Status.APPLIED if compile_ok else Status.FELL_BACK,

@@ -18,18 +18,22 @@ from typing import Callable
 import torch
 
 from diffusion_kit.families import FamilySpec
+from diffusion_kit.precision import Precision
 from diffusion_kit.quant_probe import contained
 from training_service.frozen_quantized_linear import wrap_frozen_quantized
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "nf4": torch.bfloat16,
-          "int8": torch.bfloat16, "fp8": torch.bfloat16, "mxfp8": torch.bfloat16}
+
+
+def torch_dtype(precision: Precision) -> torch.dtype:
+    """The dtype a base held at `precision` keeps its (unquantised) weights in."""
+    return getattr(torch, precision.facts.torch_dtype)
 
 
 @dataclass
 class Denoiser:
     model: torch.nn.Module
     params: list[torch.nn.Parameter]
-    precision: str  # what the base actually is after any fallback
+    precision: Precision  # what the base actually is after any fallback
     compiled: bool
     warnings: list[tuple[str, str]] = field(default_factory=list)
 
@@ -45,16 +49,16 @@ def frozen_linear_filter(min_features: int = 16) -> Callable:
     return accept
 
 
-def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str, *, rank: int, alpha: float,
+def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, device: str, *, rank: int, alpha: float,
                   seed: int, gradient_checkpointing: bool, compile_backend: str | None,
                   phase: Callable[[str, str], None] = lambda phase, message: None) -> Denoiser:
     import diffusers
     from peft import LoraConfig
 
     cls = getattr(diffusers, family.denoiser_class)
-    dtype = DTYPES[precision]
+    dtype = torch_dtype(precision)
     kwargs = {"subfolder": family.denoiser, "torch_dtype": dtype}
-    if precision == "nf4":
+    if precision == Precision.NF4:
         kwargs["quantization_config"] = diffusers.BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
         phase("quantizing", "nf4 (bitsandbytes) at load")
@@ -66,25 +70,25 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str
     torch.manual_seed(seed)  # peft draws the LoRA init from the global generator
     model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
                                  target_modules=list(family.lora_targets)))
-    if precision != "nf4":  # bitsandbytes placed the 4-bit model already
+    if precision != Precision.NF4:  # bitsandbytes placed the 4-bit model already
         model.to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.data = p.data.to(device=device, dtype=torch.float32)
 
-    if precision == "int8":
+    if precision == Precision.INT8:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
         phase("quantizing", "int8 weight-only (torchao) on the frozen base linears")
         quantize_(model, contained(Int8WeightOnlyConfig()), filter_fn=frozen_linear_filter())
         wrap_frozen_quantized(model, frozen_linear_filter())  # else autograd keeps a bf16 copy of each weight
-    elif precision == "fp8":
+    elif precision == Precision.FP8:
         from torchao.float8 import convert_to_float8_training
 
         phase("quantizing", "float8 training linears (torchao) on the frozen base")
         convert_to_float8_training(model, module_filter_fn=frozen_linear_filter())
-    elif precision == "mxfp8":
+    elif precision == Precision.MXFP8:
         try:
             from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig
             from torchao.quantization import quantize_
@@ -92,7 +96,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: str, device: str
             phase("quantizing", "mxfp8 training linears (torchao) on the frozen base")
             quantize_(model, contained(MXFP8TrainingOpConfig()), filter_fn=frozen_linear_filter(32))
         except Exception as e:  # noqa: BLE001 - reported, never silent
-            precision = "bf16"
+            precision = Precision.BF16
             warnings.append(("MXFP8_FELL_BACK", f"mxfp8 could not be applied ({type(e).__name__}: {e}); "
                                                 "training continues with a bf16 base"))
 

@@ -1,11 +1,11 @@
 """What GetTrainingInfo says per family on this host: built from the same policy StartTraining runs."""
 from __future__ import annotations
 
-from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
-from training_service.precision_policy import (GiB, HEADROOM, MODES, StepShape, advertised, auto_pick, name,
+from diffusion_kit.precision import Precision
+from training_service.precision_policy import (GiB, HEADROOM, MODES, StepShape, advertised, auto_pick,
                                                training_bytes, why_not)
 
 # The resolutions the step rates in docs/bench/training.md were measured at.
@@ -18,15 +18,16 @@ DEFAULT_STEPS = 1000
 def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
     modes = advertised(caps, family)
     if family.is_unet:
-        recommended = c.PRECISION_UNSPECIFIED
+        recommended = Precision.UNSPECIFIED
     elif caps.device_kind != "cuda":
-        recommended = c.PRECISION_FP32
-    elif c.PRECISION_AUTO in modes:
+        recommended = Precision.FP32
+    elif Precision.AUTO in modes:
         recommended = auto_pick(caps, family, caps.free_bytes).precision
     else:
-        recommended = c.PRECISION_UNSPECIFIED
+        recommended = Precision.UNSPECIFIED
     return pb.FamilyTrainingInfo(
-        family=family.proto, precision_modes=modes, recommended_precision=recommended,
+        family=family.proto, precision_modes=[m.proto for m in modes],
+        recommended_precision=recommended.proto,
         supports_compile=caps.device_kind == "cuda" and caps.native_bf16,
         default_resolution=DEFAULT_RESOLUTION[family.key], default_rank=DEFAULT_RANK, default_alpha=DEFAULT_RANK,
         default_learning_rate=DEFAULT_LR, default_steps=DEFAULT_STEPS, memory_note=memory_note(caps, family))
@@ -44,9 +45,9 @@ def memory_note(caps: HostCaps, family: FamilySpec) -> str:
     for mode in MODES:
         reason = why_not(mode, caps, family)
         if reason:
-            parts.append(f"{name(mode)} unavailable: {reason}")
+            parts.append(f"{mode.proto_name} unavailable: {reason}")
         else:
-            parts.append(f"{name(mode)} needs about {training_bytes(family, mode, shape=shape) * HEADROOM / GiB:.0f} GiB")
+            parts.append(f"{mode.proto_name} needs about {training_bytes(family, mode, shape=shape) * HEADROOM / GiB:.0f} GiB")
     return "; ".join(parts)
 
 

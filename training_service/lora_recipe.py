@@ -22,9 +22,10 @@ from typing import Callable
 import torch
 
 from diffusion_kit.families import FAMILIES, FamilySpec
+from diffusion_kit.precision import Precision
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
-from training_service.denoiser_setup import DTYPES, load_denoiser
+from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 
 SAMPLE_STEPS_CAP = 20
@@ -44,7 +45,7 @@ class RecipeConfig:
     seed: int = 0
     warmup_steps: int = 0
     device: str = "cpu"
-    precision: str = "fp32"  # how the frozen base is held (denoiser_setup.DTYPES); LoRA parameters are fp32
+    precision: Precision = Precision.FP32  # how the frozen base is held; LoRA parameters are fp32
     optimizer: str = "adamw"  # or adamw8bit (bitsandbytes)
     lr_schedule: str = "constant_with_warmup"  # diffusers.optimization names
     batch_size: int = 1
@@ -59,6 +60,9 @@ class RecipeConfig:
     sample_prompts: list[str] = field(default_factory=list)
     dataset_fingerprint: str = ""  # dataset.fingerprint: names, sizes, mtimes, captions
     encode_cache_dir: str = ""  # text-encoder outputs and latents kept between jobs (encode_cache); "" off
+
+    def __post_init__(self) -> None:
+        self.precision = Precision(self.precision)  # as read back from run.json
 
     def identity(self) -> dict:
         """What a checkpoint must match to be resumed: everything that changes the trajectory."""
@@ -108,12 +112,12 @@ class LoraRecipe:
         self.cfg = cfg
         self.family: FamilySpec = FAMILIES[cfg.family]
         self.emit = emit
-        self.dtype = DTYPES[cfg.precision]
+        self.dtype = torch_dtype(cfg.precision)
         self.objective = objective_for(cfg.family, cfg.base_dir, self.family.default_guidance)
         self.generator = torch.Generator("cpu").manual_seed(cfg.seed)
         self.state = RunState()
         self.checkpointed_step: int | None = None  # the step the last checkpoint holds
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == Precision.FP16 else None
         self.cache = EncodeCache(cfg.encode_cache_dir or None)
 
     # ---- setup: text encoders, then the VAE, then the denoiser, each freed before the next loads --------

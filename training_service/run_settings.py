@@ -12,17 +12,13 @@ from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
 
 SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_WARMUP: "constant_with_warmup",
              pb.LR_SCHEDULE_LINEAR: "linear", pb.LR_SCHEDULE_COSINE: "cosine"}
 OPTIMIZERS = {pb.OPTIMIZER_ADAMW: "adamw", pb.OPTIMIZER_ADAMW_8BIT: "adamw8bit"}
-# Base precisions whose frozen weights are plain or float8 tensors that regional compile handles; nf4
-# (bitsandbytes) and int8 (torchao weight-only) run eager, where they measured fastest.
-COMPILABLE = {"PRECISION_BF16", "PRECISION_FP8", "PRECISION_MXFP8", "PRECISION_FP32", "PRECISION_FP16"}
-PRECISION_KEYS = {"PRECISION_FP32": "fp32", "PRECISION_FP16": "fp16", "PRECISION_BF16": "bf16",
-                  "PRECISION_NF4": "nf4", "PRECISION_INT8": "int8", "PRECISION_FP8": "fp8", "PRECISION_MXFP8": "mxfp8"}
 MAX_BATCH = 64
 MAX_ACCUMULATION = 64
 MAX_SAMPLE_PROMPTS = 8
@@ -31,7 +27,7 @@ MAX_SAMPLE_PROMPTS = 8
 @dataclass(frozen=True)
 class RunSettings:
     device: str
-    precision: str  # fp32 / fp16 / bf16 / nf4 / int8 / fp8 / mxfp8: how the frozen base is held
+    precision: Precision  # how the frozen base is held
     optimizer: str
     lr_schedule: str
     compile: bool
@@ -48,9 +44,9 @@ def _name(enum, value: int) -> str:
     return enum.Name(value) if value in enum.values() else str(value)
 
 
-def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec, precision: Resolved,
-                first_caption: str) -> RunSettings:
-    resolved = [precision]
+def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec, precision: Precision,
+                precision_record: Resolved, first_caption: str) -> RunSettings:
+    resolved = [precision_record]
     device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
 
     if req.optimizer not in (pb.OPTIMIZER_UNSPECIFIED, *OPTIMIZERS):
@@ -78,14 +74,15 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
     asked = _name(c.SpeedMode, req.speed_mode)
     if not wants_compile:
         slow = ("float8 casts are not fused without compile, so fp8 eager trains far slower than bf16 eager "
-                "(measured: docs/bench/training.md); use SPEED_MODE_DEFAULT" if precision.applied == "PRECISION_FP8"
+                "(measured: docs/bench/training.md); use SPEED_MODE_DEFAULT" if precision == Precision.FP8
                 else "")
         resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT if req.speed_mode else Source.DEFAULT,
                                  reason=slow))
         compile_ = False
-    elif precision.applied not in COMPILABLE:
+    elif not precision.facts.training_compiles:
+        # nf4 (bitsandbytes) and int8 (torchao weight-only) run eager, where they measured fastest.
         resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT, Status.UNSUPPORTED,
-                                 f"{precision.applied} bases train eager (bitsandbytes / torchao weight-only "
+                                 f"{precision.proto_name} bases train eager (bitsandbytes / torchao weight-only "
                                  "kernels); choose PRECISION_BF16 or PRECISION_FP8 to compile"))
         compile_ = False
     else:
@@ -127,7 +124,7 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
                                  f"{req.sample_every} steps", Source.EXPLICIT if req.sample_prompts else Source.DEFAULT,
                                  reason="" if req.sample_prompts else "no sample_prompts: the first caption"))
 
-    return RunSettings(device=device, precision=PRECISION_KEYS[precision.applied], optimizer=optimizer,
+    return RunSettings(device=device, precision=precision, optimizer=optimizer,
                        lr_schedule=schedule, compile=compile_, gradient_checkpointing=req.gradient_checkpointing,
                        batch_size=batch, accumulation=accumulation, buckets=buckets, sample_every=req.sample_every,
                        sample_prompts=prompts, resolved=tuple(resolved))

@@ -13,6 +13,7 @@ from diffusion_kit.families import FamilySpec, UnknownFamily, check_pipeline_dir
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.hub_fetch import fetch_small
 from diffusion_kit.path_roots import Roots
+from diffusion_kit.precision import Precision
 from diffusion_kit.weights_on_disk import component_params
 from diffusion_kit.resolved import Resolved
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
@@ -31,7 +32,8 @@ class Preflighted:
     family: FamilySpec
     base_dir: Path
     examples: list[dataset.Example]
-    precision: Resolved
+    precision: Precision
+    precision_record: Resolved
     prequantized: bool
     run: RunSettings
     need_bytes: int  # the job's estimated peak, what it asks the broker for
@@ -95,12 +97,13 @@ def preflight(req: pb.StartTrainingRequest, caps: HostCaps, output_root: Path, m
     params = component_params(base_dir).get(family.denoiser)  # None for a hub base not yet fetched: the nominal size
     shape = precision_policy.StepShape(req.resolution or DEFAULT_RESOLUTION[family.key], req.batch_size or 1,
                                        req.gradient_checkpointing)
-    precision = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized, shape, params)
-    need = precision_policy.check_fits(caps, family, precision_policy.value(precision.applied), params, shape)
+    precision, record = precision_policy.resolve(Precision.of_proto(req.base_precision), caps, family, caps.free_bytes,
+                                                 prequantized, shape, params)
+    need = precision_policy.check_fits(caps, family, precision, params, shape)
     examples = dataset.discover(req.dataset.image_dir, req.dataset.instance_prompt, dataset_roots)
-    run = resolve_run(req, caps, family, precision, examples[0].caption)
+    run = resolve_run(req, caps, family, precision, record, examples[0].caption)
     check_output(output_root)
-    return Preflighted(family, base_dir, examples, precision, prequantized, run, need, hub_repo)
+    return Preflighted(family, base_dir, examples, precision, record, prequantized, run, need, hub_repo)
 
 
 def check_output(output_root: Path) -> None:

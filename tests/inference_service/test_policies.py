@@ -5,6 +5,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion_kit.dtype_policy import resolve_compute_dtype
 from diffusion_kit.families import FAMILIES
 from diffusion_kit.host_caps import HostCaps, native_bf16
+from diffusion_kit.precision import Precision
 from diffusion_kit.quant_probe import is_consumer_gpu, per_sample_config, scheme_config
 from diffusion_kit.resolved import Status
 from inference_service.capabilities import family_capabilities
@@ -40,7 +41,7 @@ Z, FLUX, QWEN, SDXL = (FAMILIES[k] for k in ("zimage", "flux1", "qwen_image", "s
     (c.PRECISION_FP32, T4, QWEN, "fp32", Status.APPLIED),
 ])
 def test_compute_dtype(requested, caps, family, dtype, status):
-    got, record = resolve_compute_dtype(requested, caps, family)
+    got, record = resolve_compute_dtype(Precision.of_proto(requested), caps, family)
     assert (got, record.status) == (dtype, status)
     assert record.reason or status is Status.APPLIED
 
@@ -51,7 +52,7 @@ def test_compute_dtype(requested, caps, family, dtype, status):
 ])
 def test_compute_dtype_rejections(requested, caps, error):
     with pytest.raises(error):
-        resolve_compute_dtype(requested, caps, FLUX)
+        resolve_compute_dtype(Precision.of_proto(requested), caps, FLUX)
 
 
 @pytest.mark.parametrize("kind, cap, rocm, expected", [
@@ -86,7 +87,7 @@ def test_consumer_gpu_detection(name, consumer):
     (c.PRECISION_NF4, H200, FLUX, False, "nf4", Status.APPLIED, ""),
 ])
 def test_transformer_quant(requested, caps, family, compiled, scheme, status, says):
-    choice = resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=compiled)
+    choice = resolve_quant(Precision.of_proto(requested), Precision.UNSPECIFIED, None, caps, family, compiled=compiled)
     assert (choice.transformer, choice.resolved[0].status) == (scheme, status)
     assert says in choice.resolved[0].reason
     if not says and requested != c.PRECISION_AUTO:
@@ -104,7 +105,7 @@ def test_transformer_quant(requested, caps, family, compiled, scheme, status, sa
 ])
 def test_transformer_quant_rejections(requested, caps, family, error, text):
     with pytest.raises(error, match=text):
-        resolve_quant(requested, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
+        resolve_quant(Precision.of_proto(requested), Precision.UNSPECIFIED, None, caps, family, compiled=True)
 
 
 @pytest.mark.parametrize("scheme, device_kind, compiled, config, per_sample", [
@@ -122,9 +123,9 @@ def test_scheme_configs(scheme, device_kind, compiled, config, per_sample):
 
 
 def test_fp8_fast_accumulate_by_gpu_class_and_override():
-    auto = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, None, H200, FLUX, compiled=True)
+    auto = resolve_quant(Precision.FP8, Precision.UNSPECIFIED, None, H200, FLUX, compiled=True)
     assert auto.fp8_fast_accum is False and auto.resolved[-1].control == "fp8_fast_accumulate"
-    forced = resolve_quant(c.PRECISION_FP8, c.PRECISION_UNSPECIFIED, True, H200, FLUX, compiled=True)
+    forced = resolve_quant(Precision.FP8, Precision.UNSPECIFIED, True, H200, FLUX, compiled=True)
     assert forced.fp8_fast_accum is True
 
 
@@ -135,7 +136,7 @@ def test_fp8_fast_accumulate_by_gpu_class_and_override():
     (c.PRECISION_NVFP4, T4, None, Status.FELL_BACK),
 ])
 def test_text_encoder_quant_is_best_effort(requested, caps, scheme, status):
-    choice = resolve_quant(c.PRECISION_UNSPECIFIED, requested, None, caps, FLUX, compiled=False)
+    choice = resolve_quant(Precision.UNSPECIFIED, Precision.of_proto(requested), None, caps, FLUX, compiled=False)
     assert (choice.text_encoder, choice.resolved[1].status) == (scheme, status)
 
 
@@ -221,10 +222,10 @@ def test_max_options_are_torchs_max_autotune_no_cudagraphs():
 def test_capabilities_never_advertise_what_load_rejects(caps, family):
     info = family_capabilities(caps, family)
     for value in info.compute_precisions:
-        _, record = resolve_compute_dtype(value, caps, family)
+        _, record = resolve_compute_dtype(Precision.of_proto(value), caps, family)
         assert not record.fell_back()
     for value in info.transformer_precisions:
-        choice = resolve_quant(value, c.PRECISION_UNSPECIFIED, None, caps, family, compiled=True)
+        choice = resolve_quant(Precision.of_proto(value), Precision.UNSPECIFIED, None, caps, family, compiled=True)
         assert not choice.resolved[0].fell_back()
     if caps is CPU:
         assert c.MEMORY_MODE_LOW_VRAM not in info.memory_modes and c.PRECISION_FP8 not in info.transformer_precisions
@@ -286,18 +287,19 @@ def test_auto_precision_and_memory_agree_on_compile(precision, free, quantised, 
     from dataclasses import replace
     from pathlib import Path
 
-    from diffusion.v1 import inference_pb2 as pb
-    from inference_service.load_request import QUANT_BITS, EngineSettings, plan_load
+    from inference_service.load_plan import EngineSettings, plan_load
+    from inference_service.requests import LoadRequest
     from inference_service.memory_plan import need_for
     from inference_service.model_source import SourceFiles
 
     source = SourceFiles("local_dir", Path("/nowhere"), FLUX, params=FLUX_PARAMS)
-    fp8 = source.footprint_bytes("bf16", QUANT_BITS["fp8"])
+    fp8 = source.footprint_bytes("bf16", Precision.FP8.facts.inference_bits)
     dense = source.footprint_bytes("bf16")
     free_bytes = {"plenty": 139 * GiB, "dense sequential": need_for("sequential", *dense),
                   "fp8 sequential": need_for("sequential", *fp8)}[free]
     assert free == "plenty" or free_bytes < need_for("balanced", *fp8)
-    req = pb.LoadRequest(model_id="m", transformer_precision=precision, speed_mode=c.SPEED_MODE_DEFAULT)
+    req = LoadRequest(model_id="m", source=None, transformer_precision=Precision.of_proto(precision),
+                      speed_mode=c.SPEED_MODE_DEFAULT)
     plan = plan_load(req, source, replace(H200, free_bytes=free_bytes), EngineSettings())
     applied = {r.control: r for r in plan.resolved}
     assert (plan.quant.transformer, applied["memory_mode"].applied, plan.speed.compile) == (quantised, memory, compiled)
@@ -315,7 +317,5 @@ def test_jpeg_recipe_of_the_longest_prompts_fits_its_comment():
     longest = "🦙" * MAX_PROMPT_CHARS
     recipe = {"model_id": "m" * 128, "prompt": longest, "negative_prompt": longest, "seed": 2**63 - 1,
               "settings": {f"control_{i}": "x" * 200 for i in range(40)}}
-    from diffusion.v1 import inference_pb2
-
-    data = encode_image(Image.new("RGB", (16, 16)), inference_pb2.IMAGE_FORMAT_JPEG, None, recipe)
+    data = encode_image(Image.new("RGB", (16, 16)), "jpeg", None, recipe)
     assert Image.open(__import__("io").BytesIO(data)).info["comment"].decode().count("🦙") == 2 * MAX_PROMPT_CHARS

@@ -6,6 +6,7 @@ import pytest
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
 from diffusion_kit.families import FAMILIES
+from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
 from tests.training_service.test_precision_policy import CPU, H200, H200_NO_BNB
@@ -20,7 +21,8 @@ def precision(applied):
 
 
 def run(caps=H200, family=Z, applied="PRECISION_BF16", **fields):
-    return resolve_run(pb.StartTrainingRequest(**fields), caps, family, precision(applied), "first caption")
+    return resolve_run(pb.StartTrainingRequest(**fields), caps, family, Precision[applied.removeprefix("PRECISION_")],
+                       precision(applied), "first caption")
 
 
 def by_control(settings):

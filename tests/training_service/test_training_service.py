@@ -120,12 +120,13 @@ def test_prequantized_base_only_trains_nf4(tiny_models, tmp_path):
     config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
     (base / "transformer" / "config.json").write_text(json.dumps(config))
     from diffusion_kit.families import FAMILIES
+    from diffusion_kit.precision import Precision
 
     assert is_prequantized(base, FAMILIES["flux1"]) and not is_prequantized(tiny_models["flux1"], FAMILIES["flux1"])
     h200 = HostCaps("cuda", "NVIDIA H200", 141 * 2**30, 139 * 2**30, (9, 0), native_bf16=True, torchao=True,
                     bitsandbytes=True)
     with pytest.raises(InvalidArgument, match="dense base"):
-        precision_policy.resolve(c.PRECISION_BF16, h200, FAMILIES["flux1"], h200.free_bytes, prequantized=True)
+        precision_policy.resolve(Precision.BF16, h200, FAMILIES["flux1"], h200.free_bytes, prequantized=True)
 
 
 def test_preflight_sizes_the_job_from_its_weights_and_shape(tiny_models, dataset_dir, tmp_path):

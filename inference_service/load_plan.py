@@ -1,24 +1,21 @@
-"""A LoadRequest checked and turned into a load plan: every preflight, before any GPU is asked for."""
+"""The load plan: a typed LoadRequest and its checked files turned into every decision the torch worker
+carries out (dtype, quantisation, memory tier, speed layer), before any GPU is asked for. No torch here.
+"""
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from diffusion.v1 import common_pb2 as c
-from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.dtype_policy import resolve_compute_dtype
-from diffusion_kit.families import BY_PROTO
+from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
-from inference_service.memory_plan import plan_memory
+from diffusion_kit.precision import Precision
+from diffusion_kit.resolved import Resolved
+from inference_service.memory_plan import MemoryPlan, plan_memory
 from inference_service.model_source import SourceFiles
-from inference_service.pipeline_builder import LoadPlan
-from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import OFFLOAD_HOOK_MODES, asks_for_compile, plan_speed
+from inference_service.quant_policy import QuantChoice, resolve_quant
+from inference_service.requests import LoadRequest
+from inference_service.speed_plan import OFFLOAD_HOOK_MODES, SpeedPlan, asks_for_compile, plan_speed
 from service_kit.errors import InvalidArgument, ResourceExhausted
-
-MODEL_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")  # fullmatch: '$' alone let "m\n" through
-# Bits per weight a quantised denoiser keeps, for the footprint estimate (scales and skipped layers included).
-QUANT_BITS = {"int8": 8.5, "fp8": 8.5, "mxfp8": 8.5, "nvfp4": 4.5, "nf4": 4.5}
 
 
 @dataclass(frozen=True)
@@ -29,29 +26,42 @@ class EngineSettings:
     lora_max_rank: int = 64  # the compiled model's hotswap slot holds adapters up to this rank
 
 
-def check_request(req: pb.LoadRequest) -> None:
-    """What can be checked without touching the disk."""
-    if not MODEL_ID.fullmatch(req.model_id):
+@dataclass
+class LoadPlan:
+    """Everything the torch worker needs to build the pipeline, and the records that say why."""
+    model_id: str
+    family: FamilySpec
+    source: SourceFiles
+    dtype: Precision  # the dense compute dtype
+    quant: QuantChoice
+    memory: MemoryPlan
+    speed: SpeedPlan
+    device: str  # "cuda", "cpu", ...
+    quant_min_features: int
+    compile_backend: str
+    warmup_resolution: int
+    resolved: list[Resolved] = field(default_factory=list)
+    lora_max_rank: int = 64
+    footprint_bytes: int = 0
+
+
+def check_request(req: LoadRequest) -> None:
+    """What the edge's limits leave: a Load must name its model (the pattern is the edge's)."""
+    if not req.model_id:
         raise InvalidArgument("model_id is required: 1-128 letters, digits, '.', '_' or '-'", reason="BAD_MODEL_ID")
-    if req.family and req.family not in BY_PROTO:
-        raise InvalidArgument(f"unknown family {req.family}", reason="UNKNOWN_ENUM_VALUE")
-    for name in ("compute_precision", "transformer_precision", "text_encoder_precision"):
-        if getattr(req, name) not in c.Precision.values():
-            raise InvalidArgument(f"unknown {name} {getattr(req, name)}", reason="UNKNOWN_ENUM_VALUE")
-    if req.HasField("device_index") and req.device_index < 0:
-        raise InvalidArgument("device_index must be >= 0", reason="BAD_DEVICE_INDEX")
 
 
-def plan_load(req: pb.LoadRequest, source: SourceFiles, caps: HostCaps, settings: EngineSettings) -> LoadPlan:
+def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: EngineSettings) -> LoadPlan:
     family = source.family
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
-    fast = req.fp8_fast_accumulate if req.HasField("fp8_fast_accumulate") else None
+    fast = req.fp8_fast_accumulate
     device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
 
     def sized(compiled: bool):
         quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,
                               compiled=compiled)
-        quant_bits = 4.5 if source.kind == "gguf" else QUANT_BITS.get(quant.transformer or "")  # GGUF: typical Q4
+        # GGUF: a typical Q4; a quantised denoiser keeps its scheme's bits per weight.
+        quant_bits = 4.5 if source.kind == "gguf" else quant.transformer.facts.inference_bits if quant.transformer else None
         footprint, largest = source.footprint_bytes(dtype, quant_bits)
         memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
                              total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest)

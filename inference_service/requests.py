@@ -1,0 +1,79 @@
+"""What an inference caller asks for, as typed values: built from the protos at the servicer edge
+(`convert.py`), so the engine and the policies below it never see a proto message.
+
+By the time a request is one of these, the edge has checked its sizes, that its enum values exist
+(`request_rules.py`) and converted each precision to `Precision`; what depends on the files, the host
+or the loaded model is checked further down.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from diffusion_kit.families import FamilySpec
+from diffusion_kit.precision import Precision
+
+
+@dataclass(frozen=True)
+class LocalDir:
+    path: str
+
+
+@dataclass(frozen=True)
+class HubRepo:
+    repo_id: str
+    revision: str | None = None
+
+
+@dataclass(frozen=True)
+class SingleFile:
+    """A single-file denoiser checkpoint; `companions` holds the text encoders, VAE and configs."""
+    path: str
+    companions: "LocalDir | HubRepo | SingleFile | GgufFile | None" = None
+
+
+@dataclass(frozen=True)
+class GgufFile:
+    """A GGUF denoiser; `base` holds the rest of the pipeline."""
+    path: str
+    base: "LocalDir | HubRepo | SingleFile | GgufFile | None" = None
+
+
+ModelSource = LocalDir | HubRepo | SingleFile | GgufFile
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    model_id: str
+    source: ModelSource | None
+    family: FamilySpec | None = None  # None: read from the model's files
+    compute_precision: Precision = Precision.UNSPECIFIED
+    transformer_precision: Precision = Precision.UNSPECIFIED
+    text_encoder_precision: Precision = Precision.UNSPECIFIED
+    memory_mode: int = 0  # common.MemoryMode value (the edge closed the enum)
+    speed_mode: int = 0  # common.SpeedMode value
+    fp8_fast_accumulate: bool | None = None
+    priority: int = 0
+    device_index: int | None = None
+
+
+@dataclass(frozen=True)
+class AdapterUse:
+    adapter_id: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    model_id: str
+    prompt: str
+    negative_prompt: str = ""
+    width: int = 0  # 0: the family's default
+    height: int = 0
+    steps: int = 0
+    guidance_scale: float | None = None
+    seeds: tuple[int, ...] = ()
+    num_images: int = 0
+    adapters: tuple[AdapterUse, ...] = ()
+    output_format: str = "png"  # png | webp | jpeg | raw_rgb8
+    encode_quality: int | None = None
+    generation_id: str = ""
