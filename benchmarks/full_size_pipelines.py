@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from diffusion_kit.tiny_pipelines import clip_tokenizer, qwen_tokenizer, t5_tokenizer
+from demos.tiny_pipelines import clip_tokenizer, qwen_tokenizer, t5_tokenizer
 
 
 def _flux_vae():

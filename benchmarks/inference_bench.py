@@ -74,7 +74,7 @@ def setting(resolved, control):
 def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=()):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
     for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
-    req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=pb.ModelSource(local_dir=str(model_dir)),
+    req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=c.ModelSource(local_dir=str(model_dir)),
                          **MODES[mode])
     t0 = time.perf_counter()
     try:
@@ -130,7 +130,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
 
 def time_warm_restart(stub, record, model_dir):
     """A new service process loads bf16-default again with the compile cache the cold load filled."""
-    req = pb.LoadRequest(model_id="warm", source=pb.ModelSource(local_dir=str(model_dir)), **MODES["bf16-default"])
+    req = pb.LoadRequest(model_id="warm", source=c.ModelSource(local_dir=str(model_dir)), **MODES["bf16-default"])
     events = list(stub.Load(req, timeout=900))
     warm = setting(events[-1].result.resolved, "compile_warmup")
     record("bf16-default", "compile_warmup_warm_restart_s", float(warm.applied.rstrip("s")), "s",
@@ -171,7 +171,7 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     model_dir = args.workdir / f"{args.family}{'-tiny' if args.tiny else ''}"
     t = time.perf_counter()
-    build = ("from diffusion_kit.tiny_pipelines import save_tiny_pipeline as s" if args.tiny
+    build = ("from demos.tiny_pipelines import save_tiny_pipeline as s" if args.tiny
              else "from benchmarks.full_size_pipelines import save_full_size as s")
     if not (model_dir / "model_index.json").exists():
         subprocess.run([sys.executable, "-c", f"{build}; s({args.family!r}, {str(model_dir)!r})"], cwd=ROOT, check=True)

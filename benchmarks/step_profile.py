@@ -70,33 +70,25 @@ def main() -> None:
                       host_description())
     steps = args.steps
     cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
-                       steps=steps + 5, resolution=resolution, seed=0, device=device,
+                       steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32")
     recipe = LoraRecipe(cfg)
     recipe.setup()
     mode = f"{cfg.precision}-eager"
 
     # the recipe's loop: five steps of warm-up, then the timed ones
-    recipe.cfg.steps = 5
-    recipe.train()
+    recipe.train(until_step=5)
     _sync()
     t0 = time.perf_counter()
-    recipe.cfg.steps = 5 + steps
-    recipe.train()
+    recipe.train(until_step=5 + steps)
     _sync()
     record(mode, "recipe_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
 
-    batch = recipe._batch(0)
-    x_t, t, target = recipe.objective.noisy(batch.x0, recipe.generator)
-    x_t, t = x_t.to(device, recipe.dtype), recipe._to_device(t)
-    cond, target = recipe._cond_to_device(batch.cond), target.to(device)
+    inputs = recipe.step_inputs(0)
 
     def bare_step() -> torch.Tensor:
-        with recipe._context():
-            pred = recipe.objective.predict(recipe.model, x_t, t, cond, batch)
-            loss = torch.nn.functional.mse_loss(pred.float(), target.float())
-        with recipe._attention_pin():
-            loss.backward()
+        loss = recipe.loss(inputs)
+        recipe.backward(loss)
         recipe.optimizer.step()
         recipe.optimizer.zero_grad(set_to_none=True)
         return loss
@@ -113,8 +105,7 @@ def main() -> None:
         _sync()
         record(mode, f"{name}_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
 
-    recipe.cfg.steps = recipe.state.step + 3
-    for name, fn in (("recipe", lambda: recipe.train()), ("bare", bare_step)):
+    for name, fn in (("recipe", lambda: recipe.train(until_step=recipe.state.step + 1)), ("bare", bare_step)):
         share = gpu_busy_share(fn, 1 if name == "recipe" else 3)
         if share is not None:
             record(mode, f"{name}_gpu_busy_share", share, "fraction",

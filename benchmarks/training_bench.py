@@ -22,7 +22,6 @@ import grpc
 
 from benchmarks.bench_record import Recorder, host_description
 from diffusion.v1 import common_pb2 as c
-from diffusion.v1 import inference_pb2
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
@@ -53,7 +52,7 @@ def ensure_base(workdir: Path, family: str, tiny: bool) -> Path:
     """The tiny or the full-size random-weight pipeline under workdir, built once."""
     base_dir = workdir / (("tiny-" if tiny else "full-") + family)
     if tiny:
-        from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+        from demos.tiny_pipelines import save_tiny_pipeline
 
         if not (base_dir / "model_index.json").exists():
             save_tiny_pipeline(family, base_dir)
@@ -78,7 +77,7 @@ def make_dataset(directory: Path, resolution: int, n: int = 4) -> Path:
 
 
 def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, timeout_s, jobs_dir):
-    req = pb.StartTrainingRequest(family=FAMILY[family], base=inference_pb2.ModelSource(local_dir=str(base_dir)),
+    req = pb.StartTrainingRequest(family=FAMILY[family], base=c.ModelSource(local_dir=str(base_dir)),
                                   dataset=pb.Dataset(image_dir=str(data_dir)), rank=16, steps=steps,
                                   resolution=resolution, seed=0, adapter_id=f"bench-{family}-{mode}-{int(time.time())}",
                                   **MODES[mode])

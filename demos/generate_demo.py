@@ -27,7 +27,7 @@ STATUS = {common_pb2.SETTING_STATUS_APPLIED: "applied", common_pb2.SETTING_STATU
 
 
 def build_model() -> Path:
-    from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+    from demos.tiny_pipelines import save_tiny_pipeline
 
     target = OUT / "models" / "tiny-zimage"
     if not (target / "model_index.json").exists():
@@ -53,7 +53,7 @@ def train_an_adapter(address: str, model_dir: Path, stub, request: pb.GenerateRe
     with grpc.insecure_channel(address, options=CLIENT_OPTIONS) as channel:
         tstub = training_pb2_grpc.TrainingServiceStub(channel)
         job = tstub.StartTraining(tpb.StartTrainingRequest(
-            family=common_pb2.FAMILY_ZIMAGE, base=pb.ModelSource(local_dir=str(model_dir)),
+            family=common_pb2.FAMILY_ZIMAGE, base=common_pb2.ModelSource(local_dir=str(model_dir)),
             dataset=tpb.Dataset(image_dir=str(data)), rank=8, steps=12, resolution=128, learning_rate=1e-3,
             seed=0, priority=1, adapter_id=adapter_id))
         for ev in tstub.WatchTraining(tpb.WatchTrainingRequest(job_id=job.job_id)):
@@ -90,7 +90,7 @@ def main() -> int:
             broker_stub = broker_pb2_grpc.GpuBrokerServiceStub(bch)
             print("Load:")
             for ev in stub.Load(pb.LoadRequest(model_id="demo-zimage", priority=5,
-                                               source=pb.ModelSource(local_dir=str(model_dir)))):
+                                               source=common_pb2.ModelSource(local_dir=str(model_dir)))):
                 print(f"  {pb.LoadPhase.Name(ev.phase).removeprefix('LOAD_PHASE_'):<16} "
                       f"{ev.elapsed.ToNanoseconds() / 1e6:7.1f} ms  {ev.message}")
             request = pb.GenerateRequest(model_id="demo-zimage", prompt="a lighthouse at dusk, oil painting",

@@ -40,8 +40,16 @@ class HostCaps:
     def blackwell(self) -> bool:
         return self.device_kind == "cuda" and self.capability is not None and self.capability[0] >= 10
 
+    @property
+    def torch_device(self) -> str:
+        """The torch device string work runs on: ROCm is "cuda" to torch."""
+        return TORCH_DEVICE.get(self.device_kind, "cpu")
+
     def with_free(self, free_bytes: int) -> "HostCaps":
         return replace(self, free_bytes=free_bytes)
+
+
+TORCH_DEVICE = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps", "cpu": "cpu"}
 
 
 def native_bf16(device_kind: str, capability: tuple[int, int] | None, rocm_bf16: bool = False) -> bool:
@@ -113,8 +121,8 @@ def probe_adamw8bit(device_kind: str) -> tuple[bool, str]:
     It passes only when the step moved the weights and kept its state in uint8: bitsandbytes has 8-bit
     optimizer kernels for CUDA (and ROCm builds), XPU and, in recent releases (0.50.2 here), the CPU.
     """
-    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "cpu": "cpu"}.get(device_kind)
-    if device is None:
+    device = TORCH_DEVICE.get(device_kind)
+    if device in (None, "mps"):
         return False, f"bitsandbytes has no 8-bit optimizer for {device_kind}"
     try:
         import bitsandbytes as bnb

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from diffusion_kit.precision import BLACKWELL_ONLY, TORCHAO_SCHEMES
+from diffusion_kit.precision import BLACKWELL_ONLY, TORCHAO_SCHEMES, Precision
 
 # Token-exact data-center names: HBM parts whose fp8 FP32-accumulate is not halved (A40 is data-center, A4000 is not).
 _DATA_CENTER = {"H100", "H200", "H800", "H20", "B100", "B200", "B300", "GB200", "GB300", "A100", "A800", "A30", "A40",
@@ -18,8 +18,8 @@ def is_consumer_gpu(device_name: str) -> bool:
 
 def default_fast_accum(device_name: str) -> bool:
     """Consumer parts halve fp8 FP32-accumulate throughput, so they want fast accumulate; data-center parts
-    lose little (about 8% on a B200, as measured by the HTTP-based system this project replaces) and keep the
-    accurate path."""
+    lose little to the accurate path and keep it. Not measured here: no consumer GPU was available, and the
+    H200 figures in docs/bench/inference.md ran with it off."""
     return is_consumer_gpu(device_name)
 
 
@@ -64,21 +64,21 @@ def int8_dynamic(device_kind: str, compiled: bool) -> bool:
 
 def scheme_config(scheme: str, *, device_kind: str, compiled: bool, fast_accum: bool = False):
     """The torchao config for a scheme (config objects, not strings: diffusers' TorchAoConfig takes these too)."""
-    if scheme == "int8":
+    if scheme == Precision.INT8:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
 
         dynamic = int8_dynamic(device_kind, compiled)
         return contained(Int8DynamicActivationInt8WeightConfig() if dynamic else Int8WeightOnlyConfig())
-    if scheme == "fp8":
+    if scheme == Precision.FP8:
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, Float8MMConfig, PerRow
 
         return contained(Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(),
                                                                    mm_config=Float8MMConfig(use_fast_accum=fast_accum)))
-    if scheme == "mxfp8":
+    if scheme == Precision.MXFP8:
         from torchao.prototype.mx_formats import MXFPInferenceConfig
 
         return contained(MXFPInferenceConfig())
-    if scheme == "nvfp4":
+    if scheme == Precision.NVFP4:
         from torchao.prototype.mx_formats import NVFP4InferenceConfig
 
         return contained(NVFP4InferenceConfig())
@@ -92,7 +92,7 @@ def per_sample_config(scheme: str, *, device_kind: str, compiled: bool):
     a batch-1 timestep or modulation projection; weight-only int8 keeps those layers' memory saving, and a
     one-row product is bound by reading the weight, which int8 halves either way. None: no difference.
     """
-    if scheme == "int8" and int8_dynamic(device_kind, compiled):
+    if scheme == Precision.INT8 and int8_dynamic(device_kind, compiled):
         from torchao.quantization import Int8WeightOnlyConfig
 
         return contained(Int8WeightOnlyConfig())
@@ -101,7 +101,7 @@ def per_sample_config(scheme: str, *, device_kind: str, compiled: bool):
 
 def text_encoder_config(scheme: str):
     """Weight-only configs for the text encoder: best effort, memory first."""
-    if scheme == "fp8":
+    if scheme == Precision.FP8:
         from torchao.quantization import Float8WeightOnlyConfig
 
         return contained(Float8WeightOnlyConfig())
@@ -114,9 +114,9 @@ def why_not(scheme: str, caps) -> str | None:
         return f"torchao is not usable: {caps.torchao_reason}"
     if scheme in BLACKWELL_ONLY and not caps.blackwell:
         return f"{scheme} needs a Blackwell GPU (compute capability 10.0+); this host has {_describe(caps)}"
-    if scheme == "fp8" and not caps.fp8_capable:
+    if scheme == Precision.FP8 and not caps.fp8_capable:
         return f"fp8 needs an NVIDIA GPU with compute capability 8.9+; this host has {_describe(caps)}"
-    if scheme == "int8" and caps.device_kind not in ("cuda", "cpu"):
+    if scheme == Precision.INT8 and caps.device_kind not in ("cuda", "cpu"):
         return f"int8 runs on CUDA or the CPU, not {caps.device_kind}"
     return None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit import model_sources
 from diffusion_kit.families import family_from_proto
 from diffusion_kit.precision import Precision
 from inference_service import requests as rq
@@ -14,23 +15,9 @@ IMAGE_FORMATS = {pb.IMAGE_FORMAT_UNSPECIFIED: "png", pb.IMAGE_FORMAT_PNG: "png",
 
 # ---- in: the edge has already checked sizes and closed every enum ------------------------------
 
-def model_source(msg) -> rq.ModelSource | None:
-    """A ModelSource message (any service's) as a typed source; None when no source is set."""
-    kind = msg.WhichOneof("source")
-    if kind == "local_dir":
-        return rq.LocalDir(msg.local_dir)
-    if kind == "hub_repo":
-        return rq.HubRepo(msg.hub_repo.repo_id, msg.hub_repo.revision or None)
-    if kind == "single_file":
-        return rq.SingleFile(msg.single_file.path, model_source(msg.single_file.companions))
-    if kind == "gguf":
-        return rq.GgufFile(msg.gguf.path, model_source(msg.gguf.base))
-    return None
-
-
 def load_request(msg: pb.LoadRequest) -> rq.LoadRequest:
     return rq.LoadRequest(
-        model_id=msg.model_id, source=model_source(msg.source),
+        model_id=msg.model_id, source=model_sources.from_proto(msg.source),
         family=family_from_proto(msg.family) if msg.family else None,
         compute_precision=Precision.of_proto(msg.compute_precision),
         transformer_precision=Precision.of_proto(msg.transformer_precision),

@@ -27,7 +27,8 @@ from inference_service import generation, lora_runtime, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
 from inference_service.model_source import resolve_source
-from inference_service.requests import GenerateRequest, HubRepo, LoadRequest
+from diffusion_kit.model_sources import HubRepo
+from inference_service.requests import GenerateRequest, LoadRequest
 from service_kit.auth import Caller, current_caller
 from service_kit.errors import clip
 from service_kit.errors import (

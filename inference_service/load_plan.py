@@ -55,7 +55,7 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
     family = source.family
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
     fast = req.fp8_fast_accumulate
-    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
+    device = caps.torch_device
 
     def sized(compiled: bool):
         quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,

@@ -16,7 +16,7 @@ from diffusion_kit.hub_fetch import fetch_hub_repo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.precision import Precision
 from diffusion_kit.weights_on_disk import component_params, safetensors_params
-from inference_service.requests import HubRepo, LocalDir, ModelSource, SingleFile
+from diffusion_kit.model_sources import HubRepo, LocalDir, ModelSource, SingleFile
 from service_kit.errors import InvalidArgument, NotFound
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from diffusion_kit.families import FamilySpec
+from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
 from inference_service.load_plan import LoadPlan
@@ -140,7 +141,7 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
         compiled = plan.speed.compile
         cfg = scheme_config(scheme, device_kind=device_kind, compiled=compiled, fast_accum=plan.quant.fp8_fast_accum)
         reason = f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"
-        if scheme == "int8" and not int8_dynamic(device_kind, compiled):
+        if scheme == Precision.INT8 and not int8_dynamic(device_kind, compiled):
             reason += ("; weight-only int8: dynamic-activation int8 gains only on a compiled CUDA transformer "
                        "(uncompiled, torchao syncs the GPU on every matmul)")
         per_sample_cfg = per_sample_config(scheme, device_kind=device_kind, compiled=compiled)

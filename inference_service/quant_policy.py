@@ -106,12 +106,12 @@ def _text_encoder(requested: Precision, caps: HostCaps) -> tuple[Precision | Non
                               f"not {asked}", reason="BAD_TEXT_ENCODER_PRECISION")
     scheme = requested
     if scheme == Precision.NVFP4 and scheme not in caps.quant_schemes:
-        why = caps.quant_failures.get("nvfp4", "nvfp4 unavailable")
+        why = caps.quant_failures.get(scheme, f"{scheme} unavailable")
         if caps.fp8_capable and caps.torchao:
             return Precision.FP8, Resolved(control, asked, Precision.FP8.proto_name, Source.EXPLICIT, Status.FELL_BACK,
                                    f"{why}; fp8 weight-only instead")
         return None, Resolved(control, asked, "dense", Source.EXPLICIT, Status.FELL_BACK, why)
     if scheme == Precision.FP8 and not (caps.fp8_capable and caps.torchao):
-        why = caps.quant_failures.get("fp8") or caps.torchao_reason or "fp8 unavailable"
+        why = caps.quant_failures.get(scheme) or caps.torchao_reason or f"{scheme} unavailable"
         return None, Resolved(control, asked, "dense", Source.EXPLICIT, Status.FELL_BACK, why)
     return scheme, Resolved(control, asked, asked, Source.EXPLICIT)

@@ -10,35 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffusion_kit.families import FamilySpec
+from diffusion_kit.model_sources import ModelSource
 from diffusion_kit.precision import Precision
-
-
-@dataclass(frozen=True)
-class LocalDir:
-    path: str
-
-
-@dataclass(frozen=True)
-class HubRepo:
-    repo_id: str
-    revision: str | None = None
-
-
-@dataclass(frozen=True)
-class SingleFile:
-    """A single-file denoiser checkpoint; `companions` holds the text encoders, VAE and configs."""
-    path: str
-    companions: "LocalDir | HubRepo | SingleFile | GgufFile | None" = None
-
-
-@dataclass(frozen=True)
-class GgufFile:
-    """A GGUF denoiser; `base` holds the rest of the pipeline."""
-    path: str
-    base: "LocalDir | HubRepo | SingleFile | GgufFile | None" = None
-
-
-ModelSource = LocalDir | HubRepo | SingleFile | GgufFile
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def start_broker():
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Tiny random-weight pipelines of all four families, saved as diffusers directories (no network)."""
-    from diffusion_kit.tiny_pipelines import BUILDERS, save_tiny_pipeline
+    from demos.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("tiny-models")
     return {family: save_tiny_pipeline(family, root / family) for family in BUILDERS}

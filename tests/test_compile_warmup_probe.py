@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+from demos.tiny_pipelines import save_tiny_pipeline
 from service_kit.service_process import ROOT
 
 

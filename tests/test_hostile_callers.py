@@ -8,7 +8,6 @@ roots are folders of this test; a canary model and caption lie outside them.
 import os
 import shutil
 import struct
-import time
 import zlib
 
 import grpc
@@ -17,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from PIL import Image
 
 from diffusion.v1 import broker_pb2, broker_pb2_grpc, common_pb2 as c
+from diffusion.v1 import common_pb2
 from diffusion.v1 import inference_pb2 as ipb
 from diffusion.v1 import inference_pb2_grpc, training_pb2 as tpb, training_pb2_grpc
 from service_kit.auth import digest
@@ -91,7 +91,7 @@ def code_reason(call, *args, **kw):
 
 def load(stack, who="alice", model_id="tiny", path=None, **fields):
     stub = stack["connect"]("inference", who)
-    source = ipb.ModelSource(local_dir=str(path or stack["root"] / "models" / "tiny-zimage"))
+    source = common_pb2.ModelSource(local_dir=str(path or stack["root"] / "models" / "tiny-zimage"))
     return list(stub.Load(ipb.LoadRequest(model_id=model_id, source=source, **fields), timeout=120))
 
 
@@ -189,12 +189,12 @@ def test_bytes_that_do_not_parse_answer_invalid_argument_on_every_method(stack):
 
 
 @pytest.mark.parametrize("source, code, reason", [
-    (ipb.ModelSource(local_dir="~nosuchuser/x"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_PATH"),
-    (ipb.ModelSource(local_dir="../../.."), grpc.StatusCode.INVALID_ARGUMENT, "BAD_PATH"),
-    (ipb.ModelSource(hub_repo=ipb.HubRepo(repo_id="/")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
-    (ipb.ModelSource(hub_repo=ipb.HubRepo(repo_id="../etc")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
-    (ipb.ModelSource(hub_repo=ipb.HubRepo(repo_id="a b/c")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
-    (ipb.ModelSource(hub_repo=ipb.HubRepo(repo_id="a--b/c")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
+    (common_pb2.ModelSource(local_dir="~nosuchuser/x"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_PATH"),
+    (common_pb2.ModelSource(local_dir="../../.."), grpc.StatusCode.INVALID_ARGUMENT, "BAD_PATH"),
+    (common_pb2.ModelSource(hub_repo=common_pb2.HubRepo(repo_id="/")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
+    (common_pb2.ModelSource(hub_repo=common_pb2.HubRepo(repo_id="../etc")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
+    (common_pb2.ModelSource(hub_repo=common_pb2.HubRepo(repo_id="a b/c")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
+    (common_pb2.ModelSource(hub_repo=common_pb2.HubRepo(repo_id="a--b/c")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID"),
 ])
 def test_hostile_sources(stack, source, code, reason):
     stub = stack["connect"]("inference", "alice")
@@ -205,7 +205,7 @@ def test_enums_out_of_range_name_the_field(stack):
     stub = stack["connect"]("inference", "alice")
     with pytest.raises(grpc.RpcError) as e:
         list(stub.Load(ipb.LoadRequest(model_id="m", memory_mode=99, speed_mode=-5,
-                                       source=ipb.ModelSource(local_dir="/x")), timeout=10))
+                                       source=common_pb2.ModelSource(local_dir="/x")), timeout=10))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in bad_request(e.value).field_violations] == ["memory_mode", "speed_mode"]
 
@@ -231,9 +231,9 @@ def test_corrupt_weights_are_refused_while_the_model_stays(stack, suffix, conten
     bad = stack["root"] / "models" / f"bad{suffix}"
     bad.write_bytes(content)
     stub = stack["connect"]("inference", "alice")
-    base = ipb.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage"))
-    source = ipb.ModelSource(single_file=ipb.SingleFileCheckpoint(path=str(bad), companions=base)) \
-        if suffix == ".safetensors" else ipb.ModelSource(gguf=ipb.GgufTransformer(path=str(bad), base=base))
+    base = common_pb2.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage"))
+    source = common_pb2.ModelSource(single_file=common_pb2.SingleFileCheckpoint(path=str(bad), companions=base)) \
+        if suffix == ".safetensors" else common_pb2.ModelSource(gguf=common_pb2.GgufTransformer(path=str(bad), base=base))
     assert code_reason(stub.Load, ipb.LoadRequest(model_id="bad", source=source), timeout=30) == \
         (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
     assert [m.model_id for m in stub.ListModels(ipb.ListModelsRequest(), timeout=5).models] == ["tiny"]
@@ -264,7 +264,7 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 def training_request(stack, **kw):
     return tpb.StartTrainingRequest(**{
-        "family": c.FAMILY_ZIMAGE, "base": ipb.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage")),
+        "family": c.FAMILY_ZIMAGE, "base": common_pb2.ModelSource(local_dir=str(stack["root"] / "models" / "tiny-zimage")),
         "dataset": tpb.Dataset(image_dir=str(stack["root"] / "datasets" / "cards"), instance_prompt="a card"),
         "rank": 4, "resolution": 64, "steps": 2, "seed": 1, **kw})
 
@@ -385,6 +385,6 @@ def test_a_truncated_training_base_is_refused_before_any_lease(stack):
     broker = stack["connect"]("broker", "admin")
     before = broker.Status(broker_pb2.StatusRequest(), timeout=5).state.sequence
     stub = stack["connect"]("training", "alice")
-    req = training_request(stack, base=ipb.ModelSource(local_dir=str(base)))
+    req = training_request(stack, base=common_pb2.ModelSource(local_dir=str(base)))
     assert code_reason(stub.StartTraining, req, timeout=30) == (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
     assert broker.Status(broker_pb2.StatusRequest(), timeout=5).state.sequence == before  # no lease was asked for

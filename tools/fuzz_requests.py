@@ -151,9 +151,10 @@ def fuzz_method(channel, method: str, cls, streaming: bool, cases: int, counts: 
 
 def start_stack(workdir: Path):
     """Broker, inference (a tiny Z-Image loaded as 'tiny') and training, roots inside `workdir`."""
+    from diffusion.v1 import common_pb2
     from diffusion.v1 import inference_pb2 as ipb
     from diffusion.v1 import inference_pb2_grpc
-    from diffusion_kit.tiny_pipelines import save_tiny_pipeline
+    from demos.tiny_pipelines import save_tiny_pipeline
     from service_kit.service_process import start_service
 
     models, data = workdir / "models", workdir / "datasets"
@@ -170,7 +171,7 @@ def start_stack(workdir: Path):
                              str(workdir / "adapters"), "--log-level", "ERROR", timeout=180)
     with grpc.insecure_channel(inference.address) as channel:
         list(inference_pb2_grpc.InferenceServiceStub(channel).Load(
-            ipb.LoadRequest(model_id="tiny", source=ipb.ModelSource(local_dir=str(model_dir))), timeout=120))
+            ipb.LoadRequest(model_id="tiny", source=common_pb2.ModelSource(local_dir=str(model_dir))), timeout=120))
     return [broker, inference, training], [str(model_dir), str(data), "tiny"]
 
 

@@ -1,16 +1,35 @@
-"""Stored job events and records to proto messages."""
+"""The StartTraining proto to a typed request on the way in; stored job events and records to protos on the
+way out. No policy here."""
 from __future__ import annotations
 
 from google.protobuf import json_format
 
 from diffusion.v1 import common_pb2
 from diffusion.v1 import training_pb2 as pb
-from diffusion_kit.families import FAMILIES
+from diffusion_kit import model_sources
+from diffusion_kit.families import FAMILIES, family_from_proto
+from diffusion_kit.precision import Precision
 from service_kit.proto_time import duration, timestamp
 from training_service.job_store import JobRecord
+from training_service.requests import StartTraining
 
 PHASES = {n.removeprefix("TRAINING_PHASE_").lower(): v for n, v in pb.TrainingPhase.items()}
 STATES = {n.removeprefix("TRAINING_JOB_STATE_"): v for n, v in pb.TrainingJobState.items()}
+
+
+def start_training(msg: pb.StartTrainingRequest) -> StartTraining:
+    return StartTraining(
+        family=family_from_proto(msg.family) if msg.family else None, base=model_sources.from_proto(msg.base),
+        image_dir=msg.dataset.image_dir, instance_prompt=msg.dataset.instance_prompt,
+        aspect_ratio_buckets=msg.dataset.aspect_ratio_buckets, base_precision=Precision.of_proto(msg.base_precision),
+        rank=msg.rank, alpha=msg.alpha if msg.HasField("alpha") else None,
+        learning_rate=msg.learning_rate if msg.HasField("learning_rate") else None, steps=msg.steps,
+        batch_size=msg.batch_size, gradient_accumulation_steps=msg.gradient_accumulation_steps,
+        resolution=msg.resolution, optimizer=msg.optimizer, lr_schedule=msg.lr_schedule, speed_mode=msg.speed_mode,
+        warmup_steps=msg.warmup_steps, gradient_checkpointing=msg.gradient_checkpointing, seed=msg.seed,
+        checkpoint_every=msg.checkpoint_every, sample_every=msg.sample_every,
+        sample_prompts=tuple(msg.sample_prompts), adapter_id=msg.adapter_id, trigger_words=tuple(msg.trigger_words),
+        resume_job_id=msg.resume_job_id, priority=msg.priority, as_sent=json_format.MessageToJson(msg))
 
 
 def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:

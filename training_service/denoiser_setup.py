@@ -56,6 +56,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     from peft import LoraConfig
 
     cls = getattr(diffusers, family.denoiser_class)
+    precision = Precision(precision)  # its key ("int8") reads as the same value
     dtype = torch_dtype(precision)
     kwargs = {"subfolder": family.denoiser, "torch_dtype": dtype}
     if precision == Precision.NF4:

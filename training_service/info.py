@@ -7,12 +7,8 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from training_service.precision_policy import (GiB, HEADROOM, MODES, StepShape, advertised, auto_pick,
                                                training_bytes, why_not)
+from training_service.training_plan import DEFAULT_LR, DEFAULT_RANK, DEFAULT_RESOLUTION, DEFAULT_STEPS
 
-# The resolutions the step rates in docs/bench/training.md were measured at.
-DEFAULT_RESOLUTION = {"flux1": 512, "zimage": 768, "qwen_image": 768, "sdxl": 1024}
-DEFAULT_RANK = 16
-DEFAULT_LR = 1e-4
-DEFAULT_STEPS = 1000
 
 
 def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
@@ -35,7 +31,7 @@ def family_info(caps: HostCaps, family: FamilySpec) -> pb.FamilyTrainingInfo:
 
 def memory_note(caps: HostCaps, family: FamilySpec) -> str:
     if family.is_unet:
-        dtype = "bf16" if caps.native_bf16 else ("fp16" if caps.accelerator else "fp32")
+        dtype = Precision.BF16 if caps.native_bf16 else (Precision.FP16 if caps.accelerator else Precision.FP32)
         return f"{family.display} trains its U-Net in {dtype} on {caps.device_name}; base_precision is ignored"
     if caps.device_kind != "cuda":
         return f"no CUDA GPU ({caps.device_name}): trains in fp32 only, slowly"

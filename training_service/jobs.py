@@ -10,22 +10,22 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from diffusion.v1 import training_pb2 as pb
+from dataclasses import replace
+
 from google.protobuf import json_format
+from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
-from service_kit.service_process import ROOT
-from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.units import format_bytes
-from training_service.lora_recipe import RecipeConfig
-from training_service.info import DEFAULT_RANK, DEFAULT_LR, DEFAULT_RESOLUTION, DEFAULT_STEPS
 from training_service.job_store import TERMINAL, JobRecord, JobStore
-from training_service import dataset
-from training_service.start_preflight import Preflighted
+from training_service.recipe_config import RecipeConfig
+from training_service.training_plan import TrainingPlan
 
 log = logging.getLogger("training_service.jobs")
 
 
+# The folder holding the training_service package: the child runs `-m training_service.trainer_child` there.
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 STDERR_TAIL = 2000
 MAX_WATCHERS_PER_JOB = 64
 
@@ -49,44 +49,27 @@ class JobManager:
         self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
         self._watching: Counter[str] = Counter()  # live WatchTraining streams per job
 
-    async def start(self, req: pb.StartTrainingRequest, checked: Preflighted, caller: Caller = ANONYMOUS) -> JobRecord:
+    async def start(self, plan: TrainingPlan, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
             raise Unavailable("the training service is stopping; start the job on its next run",
                               reason="SERVICE_STOPPING")
         job_id = "job-" + uuid.uuid4().hex[:12]
-        adapter_id = req.adapter_id or job_id
+        adapter_id = plan.recipe.adapter_id or job_id
         self._check_adapter_id_free(adapter_id)
-        total_steps = req.steps or DEFAULT_STEPS
-        settings = checked.run
-        rank = req.rank or DEFAULT_RANK
-        recipe = {"family": checked.family.key, "base_dir": str(checked.base_dir),
-                  "examples": [[str(e.image), e.caption] for e in checked.examples],
-                  "rank": rank, "alpha": req.alpha if req.HasField("alpha") else float(rank),
-                  "learning_rate": req.learning_rate if req.HasField("learning_rate") else DEFAULT_LR,
-                  "steps": total_steps, "resolution": req.resolution or DEFAULT_RESOLUTION[checked.family.key],
-                  "seed": req.seed, "warmup_steps": req.warmup_steps, "checkpoint_every": req.checkpoint_every,
-                  "checkpoint_minutes": self.checkpoint_minutes,
-                  "encode_cache_dir": str(self.encode_cache_dir or ""),
-                  "device": settings.device, "precision": settings.precision, "optimizer": settings.optimizer,
-                  "lr_schedule": settings.lr_schedule, "batch_size": settings.batch_size,
-                  "accumulation": settings.accumulation, "buckets": settings.buckets,
-                  "compile": settings.compile, "compile_backend": self.compile_backend,
-                  "gradient_checkpointing": settings.gradient_checkpointing, "sample_every": settings.sample_every,
-                  "sample_prompts": list(settings.sample_prompts),
-                  "dataset_fingerprint": dataset.fingerprint(checked.examples)}
-        run = {"recipe": recipe, "adapter_id": adapter_id, "adapter_store": str(self.adapter_store_root),
-               "trigger_words": list(req.trigger_words), "hub_repo": checked.hub_repo, "owner": caller.identity}
-        if req.resume_job_id:
-            run["resume_from"] = str(self._resumable_checkpoint(req.resume_job_id, recipe, caller))
-        record = self.store.create(JobRecord(job_id, checked.family.key, json_format.MessageToJson(req),
-                                             total_steps=total_steps, owner=caller.identity))
+        recipe = replace(plan.recipe, adapter_id=adapter_id, adapter_store=str(self.adapter_store_root),
+                         owner=caller.identity, checkpoint_minutes=self.checkpoint_minutes,
+                         compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""))
+        if plan.resume_job_id:
+            recipe = replace(recipe, resume_from=str(self._resumable_checkpoint(plan.resume_job_id, recipe, caller)))
+        record = self.store.create(JobRecord(job_id, plan.family.key, plan.request_json, total_steps=recipe.steps,
+                                             owner=caller.identity))
         self._claimed[adapter_id] = job_id
-        (self.store.dir(job_id) / "run.json").write_text(json.dumps(run))
-        estimate = Resolved("gpu_memory", "", format_bytes(checked.need_bytes), Source.AUTO,
+        (self.store.dir(job_id) / "run.json").write_text(recipe.to_json())
+        estimate = Resolved("gpu_memory", "", format_bytes(plan.need_bytes), Source.AUTO,
                             reason="the estimated peak of this job (its base on disk, resolution, batch and "
                                    "checkpointing), asked of the broker" if self.broker else
                                    "the estimated peak of this job; no broker, so nothing reserves it")
-        resolved = (*settings.resolved, estimate, self._checkpoints(req))
+        resolved = (*plan.resolved, estimate, self._checkpoints(recipe.checkpoint_every))
         await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
                                                              for r in resolved]})
         for r in resolved:  # a fallback is said on the stream too, where a watcher reading events sees it
@@ -94,17 +77,16 @@ class JobManager:
                 await self._append(record, "warning", {
                     "reason": "SETTING_FELL_BACK",
                     "message": f"{r.control}: {r.requested or 'unset'} fell back to {r.applied}: {r.reason}"})
-        self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, req.priority,
-                                                                                 checked.need_bytes))
+        self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, plan.priority,
+                                                                                 plan.need_bytes))
         return record
 
-    def _checkpoints(self, req: pb.StartTrainingRequest) -> Resolved:
-        when = [f"every {req.checkpoint_every} steps"] if req.checkpoint_every else []
+    def _checkpoints(self, every: int) -> Resolved:
+        when = [f"every {every} steps"] if every else []
         if self.checkpoint_minutes:
             when.append(f"at least every {self.checkpoint_minutes:g} min (the service's --checkpoint-minutes)")
         when.append("at stop, preemption and service drain")
-        return Resolved("checkpoints", str(req.checkpoint_every), ", ".join(when),
-                        Source.EXPLICIT if req.checkpoint_every else Source.DEFAULT)
+        return Resolved("checkpoints", str(every), ", ".join(when), Source.EXPLICIT if every else Source.DEFAULT)
 
     async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         try:
@@ -144,7 +126,7 @@ class JobManager:
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)),
-                str(os.getpid()), cwd=ROOT,
+                str(os.getpid()), cwd=PACKAGE_ROOT,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             self._procs[record.job_id] = proc
             self.store.update(record, state="RUNNING")
@@ -314,14 +296,14 @@ class JobManager:
         self.store.delete(record)
         return record
 
-    def _resumable_checkpoint(self, job_id: str, recipe: dict, caller: Caller = ANONYMOUS) -> Path:
+    def _resumable_checkpoint(self, job_id: str, recipe: RecipeConfig, caller: Caller = ANONYMOUS) -> Path:
         """The checkpoint a resumed run continues from, checked against the new run before anything starts."""
         old = self.store.get(job_id, caller)
         checkpoint = self.store.dir(job_id) / "checkpoint"
         if old.state not in TERMINAL or not (checkpoint / "identity.json").is_file():
             raise FailedPrecondition(f"job {job_id} ({old.state}) has no checkpoint to resume from",
                                      reason="NOTHING_TO_RESUME")
-        changed = RecipeConfig(**recipe).identity_differences(json.loads((checkpoint / "identity.json").read_text()))
+        changed = recipe.identity_differences(json.loads((checkpoint / "identity.json").read_text()))
         if changed:
             raise FailedPrecondition(f"job {job_id}'s checkpoint is for a different run: {', '.join(changed)} "
                                      "differ; resume with the same settings", reason="CHECKPOINT_MISMATCH")

@@ -23,6 +23,7 @@ import torch
 
 from diffusion_kit.families import FAMILIES, FamilySpec
 from diffusion_kit.precision import Precision
+from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.denoiser_setup import load_denoiser, torch_dtype
@@ -30,51 +31,6 @@ from training_service.lora_objectives import Batch, objective_for
 
 SAMPLE_STEPS_CAP = 20
 SAMPLE_SEED = 1234
-
-
-@dataclass
-class RecipeConfig:
-    family: str
-    base_dir: str
-    examples: list[tuple[str, str]]  # (image path, caption)
-    rank: int = 16
-    alpha: float = 16.0
-    learning_rate: float = 1e-4
-    steps: int = 100
-    resolution: int = 512
-    seed: int = 0
-    warmup_steps: int = 0
-    device: str = "cpu"
-    precision: Precision = Precision.FP32  # how the frozen base is held; LoRA parameters are fp32
-    optimizer: str = "adamw"  # or adamw8bit (bitsandbytes)
-    lr_schedule: str = "constant_with_warmup"  # diffusers.optimization names
-    batch_size: int = 1
-    accumulation: int = 1  # batches per optimizer step
-    buckets: bool = False
-    compile: bool = False
-    compile_backend: str = "inductor"
-    gradient_checkpointing: bool = False
-    checkpoint_every: int = 0
-    checkpoint_minutes: float = 0  # also save when this much time passed since the last save; 0 off
-    sample_every: int = 0
-    sample_prompts: list[str] = field(default_factory=list)
-    dataset_fingerprint: str = ""  # dataset.fingerprint: names, sizes, mtimes, captions
-    encode_cache_dir: str = ""  # text-encoder outputs and latents kept between jobs (encode_cache); "" off
-
-    def __post_init__(self) -> None:
-        self.precision = Precision(self.precision)  # as read back from run.json
-
-    def identity(self) -> dict:
-        """What a checkpoint must match to be resumed: everything that changes the trajectory."""
-        keys = ("family", "base_dir", "examples", "rank", "alpha", "learning_rate", "steps", "resolution", "seed",
-                "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "accumulation", "buckets",
-                "dataset_fingerprint")
-        return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
-
-    def identity_differences(self, saved: dict) -> list[str]:
-        """The identity keys a saved checkpoint disagrees on (a key missing on either side counts)."""
-        mine = self.identity()
-        return sorted(k for k in mine.keys() | saved.keys() if mine.get(k) != saved.get(k))
 
 
 @dataclass
@@ -89,6 +45,15 @@ class StepReport:
     peak_memory_bytes: int
     elapsed_s: float
     eta_s: float
+
+
+@dataclass
+class StepInputs:
+    x_t: torch.Tensor  # the noised latents, on the device at the base dtype
+    t: torch.Tensor
+    cond: dict
+    target: torch.Tensor
+    batch: Batch
 
 
 @dataclass
@@ -287,14 +252,35 @@ class LoraRecipe:
             return value.to(self.cfg.device, self.dtype)
         return value.to(self.cfg.device)
 
+    def step_inputs(self, index: int) -> StepInputs:
+        """Micro-batch `index` noised and on the device: what one forward takes."""
+        batch = self._batch(index)
+        x_t, t, target = self.objective.noisy(batch.x0, self.generator)
+        # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
+        cond, target = self._cond_to_device(batch.cond), target.to(self.cfg.device)
+        return StepInputs(x_t.to(self.cfg.device, self.dtype), self._to_device(t), cond, target, batch)
+
+    def loss(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward under the step's context (attention pin, autocast) and its MSE loss, in fp32."""
+        with self._context():
+            pred = self.objective.predict(self.model, inputs.x_t, inputs.t, inputs.cond, inputs.batch)
+            return torch.nn.functional.mse_loss(pred.float(), inputs.target.float())
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward under the attention pin (checkpointed blocks recompute their forward here), scaled in fp16."""
+        with self._attention_pin():
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
-              sample_dir: Path | None = None) -> RunState:
+              sample_dir: Path | None = None, until_step: int | None = None) -> RunState:
+        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so."""
         device = self.cfg.device
+        last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
-        while self.state.step < self.cfg.steps and not should_stop():
+        while self.state.step < last and not should_stop():
             t0 = time.perf_counter()
             loss, images = self._accumulate_gradients(self.state.step)
             if self.scaler is not None:
@@ -332,19 +318,13 @@ class LoraRecipe:
 
     def _accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
         """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient."""
-        device, parts, images = self.cfg.device, [], 0
+        parts, images = [], 0
         for k in range(self.cfg.accumulation):
-            batch = self._batch(step * self.cfg.accumulation + k)
-            x_t, t, target = self.objective.noisy(batch.x0, self.generator)
-            # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
-            cond, target = self._cond_to_device(batch.cond), target.to(device)
-            with self._context():
-                pred = self.objective.predict(self.model, x_t.to(device, self.dtype), self._to_device(t), cond, batch)
-                loss = torch.nn.functional.mse_loss(pred.float(), target.float()) / self.cfg.accumulation
-            with self._attention_pin():  # checkpointed blocks recompute their forward in backward
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            inputs = self.step_inputs(step * self.cfg.accumulation + k)
+            loss = self.loss(inputs) / self.cfg.accumulation
+            self.backward(loss)
             parts.append(loss.detach())
-            images += len(batch.geometry)
+            images += len(inputs.batch.geometry)
         return torch.stack(parts).sum(), images
 
     # ---- sample images -------------------------------------------------------------------------------

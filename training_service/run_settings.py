@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diffusion.v1 import common_pb2 as c
-from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2 as pb  # the Optimizer and LrSchedule values only
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
+from training_service.requests import StartTraining
 
 SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_WARMUP: "constant_with_warmup",
              pb.LR_SCHEDULE_LINEAR: "linear", pb.LR_SCHEDULE_COSINE: "cosine"}
@@ -41,16 +42,14 @@ class RunSettings:
 
 
 def _name(enum, value: int) -> str:
-    return enum.Name(value) if value in enum.values() else str(value)
+    return enum.Name(value)
 
 
-def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec, precision: Precision,
+def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precision: Precision,
                 precision_record: Resolved, first_caption: str) -> RunSettings:
     resolved = [precision_record]
-    device = {"cuda": "cuda", "rocm": "cuda", "xpu": "xpu", "mps": "mps"}.get(caps.device_kind, "cpu")
+    device = caps.torch_device
 
-    if req.optimizer not in (pb.OPTIMIZER_UNSPECIFIED, *OPTIMIZERS):
-        raise InvalidArgument(f"optimizer takes ADAMW or ADAMW_8BIT, not {req.optimizer}", reason="BAD_OPTIMIZER")
     optimizer = OPTIMIZERS.get(req.optimizer, "adamw")
     if optimizer == "adamw8bit" and not caps.adamw8bit:
         raise FailedPrecondition(f"OPTIMIZER_ADAMW_8BIT is unavailable on this host ({caps.adamw8bit_reason}); "
@@ -60,16 +59,11 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
                              reason="8-bit moments for LoRA tensors of 4096 elements or more, 32-bit below "
                                     "(bitsandbytes' min_8bit_size)" if optimizer == "adamw8bit" else ""))
 
-    if req.lr_schedule not in (pb.LR_SCHEDULE_UNSPECIFIED, *SCHEDULES):
-        raise InvalidArgument(f"lr_schedule takes CONSTANT, CONSTANT_WITH_WARMUP, LINEAR or COSINE, not "
-                              f"{req.lr_schedule}", reason="BAD_LR_SCHEDULE")
     schedule = SCHEDULES.get(req.lr_schedule, "constant_with_warmup")
     resolved.append(Resolved("lr_schedule", _name(pb.LrSchedule, req.lr_schedule),
                              f"{schedule} ({req.warmup_steps} warmup steps)",
                              Source.EXPLICIT if req.lr_schedule else Source.DEFAULT))
 
-    if req.speed_mode not in c.SpeedMode.values():
-        raise InvalidArgument(f"speed_mode {req.speed_mode} is not a SpeedMode", reason="BAD_SPEED_MODE")
     wants_compile = req.speed_mode in (c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX)
     asked = _name(c.SpeedMode, req.speed_mode)
     if not wants_compile:
@@ -109,7 +103,7 @@ def resolve_run(req: pb.StartTrainingRequest, caps: HostCaps, family: FamilySpec
     resolved.append(Resolved("effective_batch", f"{req.batch_size} x {req.gradient_accumulation_steps}",
                              f"{batch * accumulation} ({batch} per pass x {accumulation} accumulated)",
                              Source.EXPLICIT if req.batch_size or req.gradient_accumulation_steps else Source.DEFAULT))
-    buckets = req.dataset.aspect_ratio_buckets
+    buckets = req.aspect_ratio_buckets
     resolved.append(Resolved("aspect_ratio_buckets", str(buckets).lower(), str(buckets).lower(),
                              Source.EXPLICIT if buckets else Source.DEFAULT))
 

@@ -17,7 +17,7 @@ from service_kit.pagination import page
 from training_service import convert
 from training_service.info import training_info
 from training_service.jobs import JobManager
-from training_service.start_preflight import preflight
+from training_service.training_plan import resolve
 
 
 class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
@@ -39,12 +39,13 @@ class TrainingServicer(training_pb2_grpc.TrainingServiceServicer):
 
     async def StartTraining(self, request, context):
         caller = current_caller()
-        caller.check_priority(request.priority)
+        req = convert.start_training(request)
+        caller.check_priority(req.priority)
         # Off the event loop: decoding every dataset image, or fetching a hub base's index, takes a while,
         # and watchers of other jobs must not wait behind it.
-        checked = await asyncio.to_thread(preflight, request, self._caps_now(), self.output_root, self.model_roots,
-                                          self.dataset_roots)
-        record = await self.jobs.start(request, checked, caller)
+        plan = await asyncio.to_thread(resolve, req, self._caps_now(), self.output_root, self.model_roots,
+                                       self.dataset_roots)
+        record = await self.jobs.start(plan, caller)
         return pb.StartTrainingResponse(job_id=record.job_id, job=convert.job(record))
 
     async def WatchTraining(self, request, context):

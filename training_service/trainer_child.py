@@ -41,9 +41,10 @@ def emit(kind: str, data: dict) -> None:
 def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
     from service_kit.errors import FailedPrecondition
-    from training_service.lora_recipe import LoraRecipe, RecipeConfig
+    from training_service.lora_recipe import LoraRecipe
+    from training_service.recipe_config import RecipeConfig
 
-    run = json.loads((job_dir / "run.json").read_text())
+    cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
     stop: dict[str, str] = {}
 
     def read_stdin():
@@ -54,19 +55,18 @@ def main(job_dir: Path) -> int:
                 stop["mode"] = parts[1]
 
     threading.Thread(target=read_stdin, daemon=True).start()
-    if run.get("hub_repo"):
+    if cfg.hub_repo:
         from diffusion_kit.hub_fetch import fetch_hub_repo
 
-        repo_id, revision = run["hub_repo"]
+        repo_id, revision = cfg.hub_repo
         emit("phase", {"phase": "downloading", "message": f"scoped download of {repo_id}"})
         fetched = fetch_hub_repo(repo_id, revision)
-        if fetched.resolve() != Path(run["recipe"]["base_dir"]).resolve():
+        if fetched.resolve() != Path(cfg.base_dir).resolve():
             raise RuntimeError(f"{repo_id} moved to another revision since the preflight ({fetched.name})")
-    cfg = RecipeConfig(**run["recipe"])
     recipe = LoraRecipe(cfg, emit)
     recipe.setup()
-    if run.get("resume_from"):
-        recipe.load_checkpoint(Path(run["resume_from"]))
+    if cfg.resume_from:
+        recipe.load_checkpoint(Path(cfg.resume_from))
         emit("phase", {"phase": "training", "message": f"resumed at step {recipe.state.step}"})
     else:
         emit("phase", {"phase": "training"})
@@ -90,20 +90,20 @@ def main(job_dir: Path) -> int:
     emit("phase", {"phase": "publishing"})
     lora_config = json.loads(json.dumps(recipe.model.peft_config["default"].to_dict(),
                                         default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
-    base = run["hub_repo"][0] if run.get("hub_repo") else cfg.base_dir
-    info = AdapterInfo(adapter_id=run["adapter_id"], family=cfg.family, base=base, rank=cfg.rank,
+    base = cfg.hub_repo[0] if cfg.hub_repo else cfg.base_dir
+    info = AdapterInfo(adapter_id=cfg.adapter_id, family=cfg.family, base=base, rank=cfg.rank,
                        alpha=cfg.alpha, lora_config=lora_config,
-                       steps=steps, resolution=cfg.resolution, trigger_words=tuple(run.get("trigger_words", ())),
-                       job_id=job_dir.name, owner=run.get("owner", ""))
+                       steps=steps, resolution=cfg.resolution, trigger_words=tuple(cfg.trigger_words),
+                       job_id=job_dir.name, owner=cfg.owner)
     try:
-        AdapterStore(Path(run["adapter_store"])).publish(info, export / WEIGHTS)
+        AdapterStore(Path(cfg.adapter_store)).publish(info, export / WEIGHTS)
     except FailedPrecondition as e:  # the id was taken while this job trained: keep the work, say where it is
         emit("finished", {"state": "FAILED", "steps_completed": steps,
                           "message": f"trained {steps} steps but could not publish: {e}. The adapter is at "
                                      f"{export / WEIGHTS} and the checkpoint resumes with resume_job_id"})
         return 0
     state = "CANCELLED" if "mode" in stop else "SUCCEEDED"
-    emit("finished", {"state": state, "steps_completed": steps, "adapter_id": run["adapter_id"],
+    emit("finished", {"state": state, "steps_completed": steps, "adapter_id": cfg.adapter_id,
                       "message": "stopped and saved" if "mode" in stop else "done"})
     return 0
 
@@ -128,9 +128,9 @@ def run_guarded(job_dir: Path) -> int:
     try:
         return main(job_dir)
     except torch.OutOfMemoryError:
-        from training_service.lora_recipe import RecipeConfig
+        from training_service.recipe_config import RecipeConfig
 
-        cfg = RecipeConfig(**json.loads((job_dir / "run.json").read_text())["recipe"])
+        cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
         total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
         emit("finished", {"state": "FAILED", "steps_completed": _reached["step"],

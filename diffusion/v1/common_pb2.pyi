@@ -1,6 +1,7 @@
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -104,3 +105,39 @@ class ResolvedSetting(_message.Message):
     status: SettingStatus
     reason: str
     def __init__(self, control: _Optional[str] = ..., requested: _Optional[str] = ..., applied: _Optional[str] = ..., source: _Optional[_Union[SettingSource, str]] = ..., status: _Optional[_Union[SettingStatus, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ModelSource(_message.Message):
+    __slots__ = ("local_dir", "hub_repo", "single_file", "gguf")
+    LOCAL_DIR_FIELD_NUMBER: _ClassVar[int]
+    HUB_REPO_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_FILE_FIELD_NUMBER: _ClassVar[int]
+    GGUF_FIELD_NUMBER: _ClassVar[int]
+    local_dir: str
+    hub_repo: HubRepo
+    single_file: SingleFileCheckpoint
+    gguf: GgufTransformer
+    def __init__(self, local_dir: _Optional[str] = ..., hub_repo: _Optional[_Union[HubRepo, _Mapping]] = ..., single_file: _Optional[_Union[SingleFileCheckpoint, _Mapping]] = ..., gguf: _Optional[_Union[GgufTransformer, _Mapping]] = ...) -> None: ...
+
+class HubRepo(_message.Message):
+    __slots__ = ("repo_id", "revision")
+    REPO_ID_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    repo_id: str
+    revision: str
+    def __init__(self, repo_id: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
+
+class SingleFileCheckpoint(_message.Message):
+    __slots__ = ("path", "companions")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    COMPANIONS_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    companions: ModelSource
+    def __init__(self, path: _Optional[str] = ..., companions: _Optional[_Union[ModelSource, _Mapping]] = ...) -> None: ...
+
+class GgufTransformer(_message.Message):
+    __slots__ = ("path", "base")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    base: ModelSource
+    def __init__(self, path: _Optional[str] = ..., base: _Optional[_Union[ModelSource, _Mapping]] = ...) -> None: ...

@@ -78,42 +78,6 @@ DEVICE_KIND_XPU: DeviceKind
 DEVICE_KIND_MPS: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 
-class ModelSource(_message.Message):
-    __slots__ = ("local_dir", "hub_repo", "single_file", "gguf")
-    LOCAL_DIR_FIELD_NUMBER: _ClassVar[int]
-    HUB_REPO_FIELD_NUMBER: _ClassVar[int]
-    SINGLE_FILE_FIELD_NUMBER: _ClassVar[int]
-    GGUF_FIELD_NUMBER: _ClassVar[int]
-    local_dir: str
-    hub_repo: HubRepo
-    single_file: SingleFileCheckpoint
-    gguf: GgufTransformer
-    def __init__(self, local_dir: _Optional[str] = ..., hub_repo: _Optional[_Union[HubRepo, _Mapping]] = ..., single_file: _Optional[_Union[SingleFileCheckpoint, _Mapping]] = ..., gguf: _Optional[_Union[GgufTransformer, _Mapping]] = ...) -> None: ...
-
-class HubRepo(_message.Message):
-    __slots__ = ("repo_id", "revision")
-    REPO_ID_FIELD_NUMBER: _ClassVar[int]
-    REVISION_FIELD_NUMBER: _ClassVar[int]
-    repo_id: str
-    revision: str
-    def __init__(self, repo_id: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
-
-class SingleFileCheckpoint(_message.Message):
-    __slots__ = ("path", "companions")
-    PATH_FIELD_NUMBER: _ClassVar[int]
-    COMPANIONS_FIELD_NUMBER: _ClassVar[int]
-    path: str
-    companions: ModelSource
-    def __init__(self, path: _Optional[str] = ..., companions: _Optional[_Union[ModelSource, _Mapping]] = ...) -> None: ...
-
-class GgufTransformer(_message.Message):
-    __slots__ = ("path", "base")
-    PATH_FIELD_NUMBER: _ClassVar[int]
-    BASE_FIELD_NUMBER: _ClassVar[int]
-    path: str
-    base: ModelSource
-    def __init__(self, path: _Optional[str] = ..., base: _Optional[_Union[ModelSource, _Mapping]] = ...) -> None: ...
-
 class LoadRequest(_message.Message):
     __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -129,7 +93,7 @@ class LoadRequest(_message.Message):
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: _common_pb2.Family
-    source: ModelSource
+    source: _common_pb2.ModelSource
     compute_precision: _common_pb2.Precision
     transformer_precision: _common_pb2.Precision
     text_encoder_precision: _common_pb2.Precision
@@ -138,7 +102,7 @@ class LoadRequest(_message.Message):
     fp8_fast_accumulate: bool
     priority: int
     device_index: int
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("sequence", "phase", "message", "bytes_done", "bytes_total", "elapsed", "result")

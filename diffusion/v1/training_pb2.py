@@ -23,86 +23,85 @@ _sym_db = _symbol_database.Default()
 
 
 from diffusion.v1 import common_pb2 as diffusion_dot_v1_dot_common__pb2
-from diffusion.v1 import inference_pb2 as diffusion_dot_v1_dot_inference__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64iffusion/v1/training.proto\x12\x0c\x64iffusion.v1\x1a\x19\x64iffusion/v1/common.proto\x1a\x1c\x64iffusion/v1/inference.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x18\n\x16GetTrainingInfoRequest\"\xd2\x02\n\x12\x46\x61milyTrainingInfo\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x30\n\x0fprecision_modes\x18\x02 \x03(\x0e\x32\x17.diffusion.v1.Precision\x12\x36\n\x15recommended_precision\x18\x03 \x01(\x0e\x32\x17.diffusion.v1.Precision\x12\x18\n\x10supports_compile\x18\x04 \x01(\x08\x12\x1a\n\x12\x64\x65\x66\x61ult_resolution\x18\x05 \x01(\x05\x12\x14\n\x0c\x64\x65\x66\x61ult_rank\x18\x06 \x01(\x05\x12\x15\n\rdefault_alpha\x18\x07 \x01(\x02\x12\x1d\n\x15\x64\x65\x66\x61ult_learning_rate\x18\x08 \x01(\x02\x12\x15\n\rdefault_steps\x18\t \x01(\x05\x12\x13\n\x0bmemory_note\x18\n \x01(\t\"\xb3\x01\n\x17GetTrainingInfoResponse\x12\x32\n\x08\x66\x61milies\x18\x01 \x03(\x0b\x32 .diffusion.v1.FamilyTrainingInfo\x12\x10\n\x08\x63pu_only\x18\x02 \x01(\x08\x12+\n\noptimizers\x18\x03 \x03(\x0e\x32\x17.diffusion.v1.Optimizer\x12%\n\x1d\x61\x64\x61mw_8bit_unavailable_reason\x18\x04 \x01(\t\"S\n\x07\x44\x61taset\x12\x11\n\timage_dir\x18\x01 \x01(\t\x12\x17\n\x0finstance_prompt\x18\x02 \x01(\t\x12\x1c\n\x14\x61spect_ratio_buckets\x18\x03 \x01(\x08\"\xdc\x05\n\x14StartTrainingRequest\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\'\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource\x12&\n\x07\x64\x61taset\x18\x03 \x01(\x0b\x32\x15.diffusion.v1.Dataset\x12/\n\x0e\x62\x61se_precision\x18\x04 \x01(\x0e\x32\x17.diffusion.v1.Precision\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x12\n\x05\x61lpha\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x1a\n\rlearning_rate\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05steps\x18\x08 \x01(\x05\x12\x12\n\nbatch_size\x18\t \x01(\x05\x12\x12\n\nresolution\x18\n \x01(\x05\x12*\n\toptimizer\x18\x0b \x01(\x0e\x32\x17.diffusion.v1.Optimizer\x12-\n\x0blr_schedule\x18\x0c \x01(\x0e\x32\x18.diffusion.v1.LrSchedule\x12\x14\n\x0cwarmup_steps\x18\r \x01(\x05\x12\x1e\n\x16gradient_checkpointing\x18\x0e \x01(\x08\x12\x0c\n\x04seed\x18\x0f \x01(\x03\x12\x18\n\x10\x63heckpoint_every\x18\x10 \x01(\x05\x12\x14\n\x0csample_every\x18\x11 \x01(\x05\x12\x16\n\x0esample_prompts\x18\x12 \x03(\t\x12\x12\n\nadapter_id\x18\x13 \x01(\t\x12\x15\n\rtrigger_words\x18\x14 \x03(\t\x12\x15\n\rresume_job_id\x18\x15 \x01(\t\x12\x10\n\x08priority\x18\x16 \x01(\x05\x12+\n\nspeed_mode\x18\x17 \x01(\x0e\x32\x17.diffusion.v1.SpeedMode\x12#\n\x1bgradient_accumulation_steps\x18\x18 \x01(\x05\x42\x08\n\x06_alphaB\x10\n\x0e_learning_rate\"O\n\x15StartTrainingResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\x03job\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"=\n\x14WatchTrainingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\"\xcc\x03\n\x15WatchTrainingResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x32\n\x08resolved\x18\n \x01(\x0b\x32\x1e.diffusion.v1.TrainingResolvedH\x00\x12\x33\n\x05phase\x18\x0b \x01(\x0b\x32\".diffusion.v1.TrainingPhaseChangedH\x00\x12*\n\x04step\x18\x0c \x01(\x0b\x32\x1a.diffusion.v1.TrainingStepH\x00\x12\x33\n\ncheckpoint\x18\r \x01(\x0b\x32\x1d.diffusion.v1.CheckpointSavedH\x00\x12.\n\x06sample\x18\x0e \x01(\x0b\x32\x1c.diffusion.v1.TrainingSampleH\x00\x12\x30\n\x07warning\x18\x0f \x01(\x0b\x32\x1d.diffusion.v1.TrainingWarningH\x00\x12\x32\n\x08\x66inished\x18\x10 \x01(\x0b\x32\x1e.diffusion.v1.TrainingFinishedH\x00\x42\x07\n\x05\x65vent\"C\n\x10TrainingResolved\x12/\n\x08resolved\x18\x01 \x03(\x0b\x32\x1d.diffusion.v1.ResolvedSetting\"S\n\x14TrainingPhaseChanged\x12*\n\x05phase\x18\x01 \x01(\x0e\x32\x1b.diffusion.v1.TrainingPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x86\x02\n\x0cTrainingStep\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x05\x12\x0c\n\x04loss\x18\x03 \x01(\x02\x12\x10\n\x08\x61vg_loss\x18\x04 \x01(\x02\x12\x15\n\rlearning_rate\x18\x05 \x01(\x02\x12\x11\n\tgrad_norm\x18\x06 \x01(\x02\x12\x1a\n\x12samples_per_second\x18\x07 \x01(\x02\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\x12*\n\x07\x65lapsed\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03\x65ta\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x0f\x43heckpointSaved\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x0c\n\x04path\x18\x02 \x01(\t\";\n\x0eTrainingSample\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x0b\n\x03png\x18\x03 \x01(\x0c\"2\n\x0fTrainingWarning\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x7f\n\x10TrainingFinished\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.diffusion.v1.TrainingJobState\x12\x12\n\nadapter_id\x18\x02 \x01(\t\x12\x17\n\x0fsteps_completed\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xaf\x03\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.diffusion.v1.TrainingJobState\x12$\n\x06\x66\x61mily\x18\x03 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x33\n\x07request\x18\x04 \x01(\x0b\x32\".diffusion.v1.StartTrainingRequest\x12\x17\n\x0fsteps_completed\x18\x05 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x06 \x01(\x05\x12\x15\n\rlast_sequence\x18\x07 \x01(\x03\x12\x12\n\nadapter_id\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12-\n\ntrain_time\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\r \x01(\t\"K\n\x13StopTrainingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x04mode\x18\x02 \x01(\x0e\x32\x16.diffusion.v1.StopMode\">\n\x14StopTrainingResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"\'\n\x15GetTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"@\n\x16GetTrainingJobResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"@\n\x17ListTrainingJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\\\n\x18ListTrainingJobsResponse\x12\'\n\x04jobs\x18\x01 \x03(\x0b\x32\x19.diffusion.v1.TrainingJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x18\x44\x65leteTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x19\x44\x65leteTrainingJobResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"b\n\x13ListAdaptersRequest\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x8c\x02\n\x07\x41\x64\x61pter\x12\x12\n\nadapter_id\x18\x01 \x01(\t\x12$\n\x06\x66\x61mily\x18\x02 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x0c\n\x04\x62\x61se\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05\x61lpha\x18\x05 \x01(\x02\x12\r\n\x05steps\x18\x06 \x01(\x05\x12\x12\n\nresolution\x18\x07 \x01(\x05\x12\x15\n\rtrigger_words\x18\x08 \x03(\t\x12\x0e\n\x06job_id\x18\t \x01(\t\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nsize_bytes\x18\x0b \x01(\x03\x12\r\n\x05owner\x18\x0c \x01(\t\"X\n\x14ListAdaptersResponse\x12\'\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32\x15.diffusion.v1.Adapter\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteAdapterRequest\x12\x12\n\nadapter_id\x18\x01 \x01(\t\"?\n\x15\x44\x65leteAdapterResponse\x12&\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32\x15.diffusion.v1.Adapter*\xfb\x01\n\x10TrainingJobState\x12\"\n\x1eTRAINING_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRAINING_JOB_STATE_PENDING\x10\x01\x12\x1e\n\x1aTRAINING_JOB_STATE_RUNNING\x10\x02\x12 \n\x1cTRAINING_JOB_STATE_SUCCEEDED\x10\x03\x12\x1d\n\x19TRAINING_JOB_STATE_FAILED\x10\x04\x12 \n\x1cTRAINING_JOB_STATE_CANCELLED\x10\x05\x12 \n\x1cTRAINING_JOB_STATE_SUSPENDED\x10\x06*\x94\x03\n\rTrainingPhase\x12\x1e\n\x1aTRAINING_PHASE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAINING_PHASE_VALIDATING\x10\x01\x12\"\n\x1eTRAINING_PHASE_WAITING_FOR_GPU\x10\x02\x12 \n\x1cTRAINING_PHASE_ENCODING_TEXT\x10\x03\x12\"\n\x1eTRAINING_PHASE_CACHING_LATENTS\x10\x04\x12&\n\"TRAINING_PHASE_LOADING_TRANSFORMER\x10\x05\x12\x1d\n\x19TRAINING_PHASE_QUANTIZING\x10\x06\x12\x1c\n\x18TRAINING_PHASE_COMPILING\x10\x07\x12\x1b\n\x17TRAINING_PHASE_TRAINING\x10\x08\x12\x19\n\x15TRAINING_PHASE_SAVING\x10\t\x12\x1d\n\x19TRAINING_PHASE_PUBLISHING\x10\n\x12\x1e\n\x1aTRAINING_PHASE_DOWNLOADING\x10\x0b*P\n\x08StopMode\x12\x19\n\x15STOP_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTOP_MODE_SAVE\x10\x01\x12\x15\n\x11STOP_MODE_DISCARD\x10\x02*U\n\tOptimizer\x12\x19\n\x15OPTIMIZER_UNSPECIFIED\x10\x00\x12\x13\n\x0fOPTIMIZER_ADAMW\x10\x01\x12\x18\n\x14OPTIMIZER_ADAMW_8BIT\x10\x02*\x99\x01\n\nLrSchedule\x12\x1b\n\x17LR_SCHEDULE_UNSPECIFIED\x10\x00\x12\x18\n\x14LR_SCHEDULE_CONSTANT\x10\x01\x12$\n LR_SCHEDULE_CONSTANT_WITH_WARMUP\x10\x02\x12\x16\n\x12LR_SCHEDULE_LINEAR\x10\x03\x12\x16\n\x12LR_SCHEDULE_COSINE\x10\x04\x32\xd5\x06\n\x0fTrainingService\x12^\n\x0fGetTrainingInfo\x12$.diffusion.v1.GetTrainingInfoRequest\x1a%.diffusion.v1.GetTrainingInfoResponse\x12X\n\rStartTraining\x12\".diffusion.v1.StartTrainingRequest\x1a#.diffusion.v1.StartTrainingResponse\x12Z\n\rWatchTraining\x12\".diffusion.v1.WatchTrainingRequest\x1a#.diffusion.v1.WatchTrainingResponse0\x01\x12U\n\x0cStopTraining\x12!.diffusion.v1.StopTrainingRequest\x1a\".diffusion.v1.StopTrainingResponse\x12[\n\x0eGetTrainingJob\x12#.diffusion.v1.GetTrainingJobRequest\x1a$.diffusion.v1.GetTrainingJobResponse\x12\x61\n\x10ListTrainingJobs\x12%.diffusion.v1.ListTrainingJobsRequest\x1a&.diffusion.v1.ListTrainingJobsResponse\x12\x64\n\x11\x44\x65leteTrainingJob\x12&.diffusion.v1.DeleteTrainingJobRequest\x1a\'.diffusion.v1.DeleteTrainingJobResponse\x12U\n\x0cListAdapters\x12!.diffusion.v1.ListAdaptersRequest\x1a\".diffusion.v1.ListAdaptersResponse\x12X\n\rDeleteAdapter\x12\".diffusion.v1.DeleteAdapterRequest\x1a#.diffusion.v1.DeleteAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64iffusion/v1/training.proto\x12\x0c\x64iffusion.v1\x1a\x19\x64iffusion/v1/common.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x18\n\x16GetTrainingInfoRequest\"\xd2\x02\n\x12\x46\x61milyTrainingInfo\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x30\n\x0fprecision_modes\x18\x02 \x03(\x0e\x32\x17.diffusion.v1.Precision\x12\x36\n\x15recommended_precision\x18\x03 \x01(\x0e\x32\x17.diffusion.v1.Precision\x12\x18\n\x10supports_compile\x18\x04 \x01(\x08\x12\x1a\n\x12\x64\x65\x66\x61ult_resolution\x18\x05 \x01(\x05\x12\x14\n\x0c\x64\x65\x66\x61ult_rank\x18\x06 \x01(\x05\x12\x15\n\rdefault_alpha\x18\x07 \x01(\x02\x12\x1d\n\x15\x64\x65\x66\x61ult_learning_rate\x18\x08 \x01(\x02\x12\x15\n\rdefault_steps\x18\t \x01(\x05\x12\x13\n\x0bmemory_note\x18\n \x01(\t\"\xb3\x01\n\x17GetTrainingInfoResponse\x12\x32\n\x08\x66\x61milies\x18\x01 \x03(\x0b\x32 .diffusion.v1.FamilyTrainingInfo\x12\x10\n\x08\x63pu_only\x18\x02 \x01(\x08\x12+\n\noptimizers\x18\x03 \x03(\x0e\x32\x17.diffusion.v1.Optimizer\x12%\n\x1d\x61\x64\x61mw_8bit_unavailable_reason\x18\x04 \x01(\t\"S\n\x07\x44\x61taset\x12\x11\n\timage_dir\x18\x01 \x01(\t\x12\x17\n\x0finstance_prompt\x18\x02 \x01(\t\x12\x1c\n\x14\x61spect_ratio_buckets\x18\x03 \x01(\x08\"\xdc\x05\n\x14StartTrainingRequest\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\'\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource\x12&\n\x07\x64\x61taset\x18\x03 \x01(\x0b\x32\x15.diffusion.v1.Dataset\x12/\n\x0e\x62\x61se_precision\x18\x04 \x01(\x0e\x32\x17.diffusion.v1.Precision\x12\x0c\n\x04rank\x18\x05 \x01(\x05\x12\x12\n\x05\x61lpha\x18\x06 \x01(\x02H\x00\x88\x01\x01\x12\x1a\n\rlearning_rate\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05steps\x18\x08 \x01(\x05\x12\x12\n\nbatch_size\x18\t \x01(\x05\x12\x12\n\nresolution\x18\n \x01(\x05\x12*\n\toptimizer\x18\x0b \x01(\x0e\x32\x17.diffusion.v1.Optimizer\x12-\n\x0blr_schedule\x18\x0c \x01(\x0e\x32\x18.diffusion.v1.LrSchedule\x12\x14\n\x0cwarmup_steps\x18\r \x01(\x05\x12\x1e\n\x16gradient_checkpointing\x18\x0e \x01(\x08\x12\x0c\n\x04seed\x18\x0f \x01(\x03\x12\x18\n\x10\x63heckpoint_every\x18\x10 \x01(\x05\x12\x14\n\x0csample_every\x18\x11 \x01(\x05\x12\x16\n\x0esample_prompts\x18\x12 \x03(\t\x12\x12\n\nadapter_id\x18\x13 \x01(\t\x12\x15\n\rtrigger_words\x18\x14 \x03(\t\x12\x15\n\rresume_job_id\x18\x15 \x01(\t\x12\x10\n\x08priority\x18\x16 \x01(\x05\x12+\n\nspeed_mode\x18\x17 \x01(\x0e\x32\x17.diffusion.v1.SpeedMode\x12#\n\x1bgradient_accumulation_steps\x18\x18 \x01(\x05\x42\x08\n\x06_alphaB\x10\n\x0e_learning_rate\"O\n\x15StartTrainingResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\x03job\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"=\n\x14WatchTrainingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x15\n\rfrom_sequence\x18\x02 \x01(\x03\"\xcc\x03\n\x15WatchTrainingResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x03\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\x03 \x01(\t\x12\x32\n\x08resolved\x18\n \x01(\x0b\x32\x1e.diffusion.v1.TrainingResolvedH\x00\x12\x33\n\x05phase\x18\x0b \x01(\x0b\x32\".diffusion.v1.TrainingPhaseChangedH\x00\x12*\n\x04step\x18\x0c \x01(\x0b\x32\x1a.diffusion.v1.TrainingStepH\x00\x12\x33\n\ncheckpoint\x18\r \x01(\x0b\x32\x1d.diffusion.v1.CheckpointSavedH\x00\x12.\n\x06sample\x18\x0e \x01(\x0b\x32\x1c.diffusion.v1.TrainingSampleH\x00\x12\x30\n\x07warning\x18\x0f \x01(\x0b\x32\x1d.diffusion.v1.TrainingWarningH\x00\x12\x32\n\x08\x66inished\x18\x10 \x01(\x0b\x32\x1e.diffusion.v1.TrainingFinishedH\x00\x42\x07\n\x05\x65vent\"C\n\x10TrainingResolved\x12/\n\x08resolved\x18\x01 \x03(\x0b\x32\x1d.diffusion.v1.ResolvedSetting\"S\n\x14TrainingPhaseChanged\x12*\n\x05phase\x18\x01 \x01(\x0e\x32\x1b.diffusion.v1.TrainingPhase\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x86\x02\n\x0cTrainingStep\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x02 \x01(\x05\x12\x0c\n\x04loss\x18\x03 \x01(\x02\x12\x10\n\x08\x61vg_loss\x18\x04 \x01(\x02\x12\x15\n\rlearning_rate\x18\x05 \x01(\x02\x12\x11\n\tgrad_norm\x18\x06 \x01(\x02\x12\x1a\n\x12samples_per_second\x18\x07 \x01(\x02\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\x12*\n\x07\x65lapsed\x18\t \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x03\x65ta\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x0f\x43heckpointSaved\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x0c\n\x04path\x18\x02 \x01(\t\";\n\x0eTrainingSample\x12\x0c\n\x04step\x18\x01 \x01(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x0b\n\x03png\x18\x03 \x01(\x0c\"2\n\x0fTrainingWarning\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x7f\n\x10TrainingFinished\x12-\n\x05state\x18\x01 \x01(\x0e\x32\x1e.diffusion.v1.TrainingJobState\x12\x12\n\nadapter_id\x18\x02 \x01(\t\x12\x17\n\x0fsteps_completed\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xaf\x03\n\x0bTrainingJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x1e.diffusion.v1.TrainingJobState\x12$\n\x06\x66\x61mily\x18\x03 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x33\n\x07request\x18\x04 \x01(\x0b\x32\".diffusion.v1.StartTrainingRequest\x12\x17\n\x0fsteps_completed\x18\x05 \x01(\x05\x12\x13\n\x0btotal_steps\x18\x06 \x01(\x05\x12\x15\n\rlast_sequence\x18\x07 \x01(\x03\x12\x12\n\nadapter_id\x18\x08 \x01(\t\x12/\n\x0b\x63reate_time\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x65rror\x18\x0b \x01(\t\x12-\n\ntrain_time\x18\x0c \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\r \x01(\t\"K\n\x13StopTrainingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12$\n\x04mode\x18\x02 \x01(\x0e\x32\x16.diffusion.v1.StopMode\">\n\x14StopTrainingResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"\'\n\x15GetTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"@\n\x16GetTrainingJobResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"@\n\x17ListTrainingJobsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\"\\\n\x18ListTrainingJobsResponse\x12\'\n\x04jobs\x18\x01 \x03(\x0b\x32\x19.diffusion.v1.TrainingJob\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x18\x44\x65leteTrainingJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"C\n\x19\x44\x65leteTrainingJobResponse\x12&\n\x03job\x18\x01 \x01(\x0b\x32\x19.diffusion.v1.TrainingJob\"b\n\x13ListAdaptersRequest\x12$\n\x06\x66\x61mily\x18\x01 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"\x8c\x02\n\x07\x41\x64\x61pter\x12\x12\n\nadapter_id\x18\x01 \x01(\t\x12$\n\x06\x66\x61mily\x18\x02 \x01(\x0e\x32\x14.diffusion.v1.Family\x12\x0c\n\x04\x62\x61se\x18\x03 \x01(\t\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\r\n\x05\x61lpha\x18\x05 \x01(\x02\x12\r\n\x05steps\x18\x06 \x01(\x05\x12\x12\n\nresolution\x18\x07 \x01(\x05\x12\x15\n\rtrigger_words\x18\x08 \x03(\t\x12\x0e\n\x06job_id\x18\t \x01(\t\x12/\n\x0b\x63reate_time\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nsize_bytes\x18\x0b \x01(\x03\x12\r\n\x05owner\x18\x0c \x01(\t\"X\n\x14ListAdaptersResponse\x12\'\n\x08\x61\x64\x61pters\x18\x01 \x03(\x0b\x32\x15.diffusion.v1.Adapter\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"*\n\x14\x44\x65leteAdapterRequest\x12\x12\n\nadapter_id\x18\x01 \x01(\t\"?\n\x15\x44\x65leteAdapterResponse\x12&\n\x07\x61\x64\x61pter\x18\x01 \x01(\x0b\x32\x15.diffusion.v1.Adapter*\xfb\x01\n\x10TrainingJobState\x12\"\n\x1eTRAINING_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1e\n\x1aTRAINING_JOB_STATE_PENDING\x10\x01\x12\x1e\n\x1aTRAINING_JOB_STATE_RUNNING\x10\x02\x12 \n\x1cTRAINING_JOB_STATE_SUCCEEDED\x10\x03\x12\x1d\n\x19TRAINING_JOB_STATE_FAILED\x10\x04\x12 \n\x1cTRAINING_JOB_STATE_CANCELLED\x10\x05\x12 \n\x1cTRAINING_JOB_STATE_SUSPENDED\x10\x06*\x94\x03\n\rTrainingPhase\x12\x1e\n\x1aTRAINING_PHASE_UNSPECIFIED\x10\x00\x12\x1d\n\x19TRAINING_PHASE_VALIDATING\x10\x01\x12\"\n\x1eTRAINING_PHASE_WAITING_FOR_GPU\x10\x02\x12 \n\x1cTRAINING_PHASE_ENCODING_TEXT\x10\x03\x12\"\n\x1eTRAINING_PHASE_CACHING_LATENTS\x10\x04\x12&\n\"TRAINING_PHASE_LOADING_TRANSFORMER\x10\x05\x12\x1d\n\x19TRAINING_PHASE_QUANTIZING\x10\x06\x12\x1c\n\x18TRAINING_PHASE_COMPILING\x10\x07\x12\x1b\n\x17TRAINING_PHASE_TRAINING\x10\x08\x12\x19\n\x15TRAINING_PHASE_SAVING\x10\t\x12\x1d\n\x19TRAINING_PHASE_PUBLISHING\x10\n\x12\x1e\n\x1aTRAINING_PHASE_DOWNLOADING\x10\x0b*P\n\x08StopMode\x12\x19\n\x15STOP_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTOP_MODE_SAVE\x10\x01\x12\x15\n\x11STOP_MODE_DISCARD\x10\x02*U\n\tOptimizer\x12\x19\n\x15OPTIMIZER_UNSPECIFIED\x10\x00\x12\x13\n\x0fOPTIMIZER_ADAMW\x10\x01\x12\x18\n\x14OPTIMIZER_ADAMW_8BIT\x10\x02*\x99\x01\n\nLrSchedule\x12\x1b\n\x17LR_SCHEDULE_UNSPECIFIED\x10\x00\x12\x18\n\x14LR_SCHEDULE_CONSTANT\x10\x01\x12$\n LR_SCHEDULE_CONSTANT_WITH_WARMUP\x10\x02\x12\x16\n\x12LR_SCHEDULE_LINEAR\x10\x03\x12\x16\n\x12LR_SCHEDULE_COSINE\x10\x04\x32\xd5\x06\n\x0fTrainingService\x12^\n\x0fGetTrainingInfo\x12$.diffusion.v1.GetTrainingInfoRequest\x1a%.diffusion.v1.GetTrainingInfoResponse\x12X\n\rStartTraining\x12\".diffusion.v1.StartTrainingRequest\x1a#.diffusion.v1.StartTrainingResponse\x12Z\n\rWatchTraining\x12\".diffusion.v1.WatchTrainingRequest\x1a#.diffusion.v1.WatchTrainingResponse0\x01\x12U\n\x0cStopTraining\x12!.diffusion.v1.StopTrainingRequest\x1a\".diffusion.v1.StopTrainingResponse\x12[\n\x0eGetTrainingJob\x12#.diffusion.v1.GetTrainingJobRequest\x1a$.diffusion.v1.GetTrainingJobResponse\x12\x61\n\x10ListTrainingJobs\x12%.diffusion.v1.ListTrainingJobsRequest\x1a&.diffusion.v1.ListTrainingJobsResponse\x12\x64\n\x11\x44\x65leteTrainingJob\x12&.diffusion.v1.DeleteTrainingJobRequest\x1a\'.diffusion.v1.DeleteTrainingJobResponse\x12U\n\x0cListAdapters\x12!.diffusion.v1.ListAdaptersRequest\x1a\".diffusion.v1.ListAdaptersResponse\x12X\n\rDeleteAdapter\x12\".diffusion.v1.DeleteAdapterRequest\x1a#.diffusion.v1.DeleteAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'diffusion.v1.training_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRAININGJOBSTATE']._serialized_start=4377
-  _globals['_TRAININGJOBSTATE']._serialized_end=4628
-  _globals['_TRAININGPHASE']._serialized_start=4631
-  _globals['_TRAININGPHASE']._serialized_end=5035
-  _globals['_STOPMODE']._serialized_start=5037
-  _globals['_STOPMODE']._serialized_end=5117
-  _globals['_OPTIMIZER']._serialized_start=5119
-  _globals['_OPTIMIZER']._serialized_end=5204
-  _globals['_LRSCHEDULE']._serialized_start=5207
-  _globals['_LRSCHEDULE']._serialized_end=5360
-  _globals['_GETTRAININGINFOREQUEST']._serialized_start=167
-  _globals['_GETTRAININGINFOREQUEST']._serialized_end=191
-  _globals['_FAMILYTRAININGINFO']._serialized_start=194
-  _globals['_FAMILYTRAININGINFO']._serialized_end=532
-  _globals['_GETTRAININGINFORESPONSE']._serialized_start=535
-  _globals['_GETTRAININGINFORESPONSE']._serialized_end=714
-  _globals['_DATASET']._serialized_start=716
-  _globals['_DATASET']._serialized_end=799
-  _globals['_STARTTRAININGREQUEST']._serialized_start=802
-  _globals['_STARTTRAININGREQUEST']._serialized_end=1534
-  _globals['_STARTTRAININGRESPONSE']._serialized_start=1536
-  _globals['_STARTTRAININGRESPONSE']._serialized_end=1615
-  _globals['_WATCHTRAININGREQUEST']._serialized_start=1617
-  _globals['_WATCHTRAININGREQUEST']._serialized_end=1678
-  _globals['_WATCHTRAININGRESPONSE']._serialized_start=1681
-  _globals['_WATCHTRAININGRESPONSE']._serialized_end=2141
-  _globals['_TRAININGRESOLVED']._serialized_start=2143
-  _globals['_TRAININGRESOLVED']._serialized_end=2210
-  _globals['_TRAININGPHASECHANGED']._serialized_start=2212
-  _globals['_TRAININGPHASECHANGED']._serialized_end=2295
-  _globals['_TRAININGSTEP']._serialized_start=2298
-  _globals['_TRAININGSTEP']._serialized_end=2560
-  _globals['_CHECKPOINTSAVED']._serialized_start=2562
-  _globals['_CHECKPOINTSAVED']._serialized_end=2607
-  _globals['_TRAININGSAMPLE']._serialized_start=2609
-  _globals['_TRAININGSAMPLE']._serialized_end=2668
-  _globals['_TRAININGWARNING']._serialized_start=2670
-  _globals['_TRAININGWARNING']._serialized_end=2720
-  _globals['_TRAININGFINISHED']._serialized_start=2722
-  _globals['_TRAININGFINISHED']._serialized_end=2849
-  _globals['_TRAININGJOB']._serialized_start=2852
-  _globals['_TRAININGJOB']._serialized_end=3283
-  _globals['_STOPTRAININGREQUEST']._serialized_start=3285
-  _globals['_STOPTRAININGREQUEST']._serialized_end=3360
-  _globals['_STOPTRAININGRESPONSE']._serialized_start=3362
-  _globals['_STOPTRAININGRESPONSE']._serialized_end=3424
-  _globals['_GETTRAININGJOBREQUEST']._serialized_start=3426
-  _globals['_GETTRAININGJOBREQUEST']._serialized_end=3465
-  _globals['_GETTRAININGJOBRESPONSE']._serialized_start=3467
-  _globals['_GETTRAININGJOBRESPONSE']._serialized_end=3531
-  _globals['_LISTTRAININGJOBSREQUEST']._serialized_start=3533
-  _globals['_LISTTRAININGJOBSREQUEST']._serialized_end=3597
-  _globals['_LISTTRAININGJOBSRESPONSE']._serialized_start=3599
-  _globals['_LISTTRAININGJOBSRESPONSE']._serialized_end=3691
-  _globals['_DELETETRAININGJOBREQUEST']._serialized_start=3693
-  _globals['_DELETETRAININGJOBREQUEST']._serialized_end=3735
-  _globals['_DELETETRAININGJOBRESPONSE']._serialized_start=3737
-  _globals['_DELETETRAININGJOBRESPONSE']._serialized_end=3804
-  _globals['_LISTADAPTERSREQUEST']._serialized_start=3806
-  _globals['_LISTADAPTERSREQUEST']._serialized_end=3904
-  _globals['_ADAPTER']._serialized_start=3907
-  _globals['_ADAPTER']._serialized_end=4175
-  _globals['_LISTADAPTERSRESPONSE']._serialized_start=4177
-  _globals['_LISTADAPTERSRESPONSE']._serialized_end=4265
-  _globals['_DELETEADAPTERREQUEST']._serialized_start=4267
-  _globals['_DELETEADAPTERREQUEST']._serialized_end=4309
-  _globals['_DELETEADAPTERRESPONSE']._serialized_start=4311
-  _globals['_DELETEADAPTERRESPONSE']._serialized_end=4374
-  _globals['_TRAININGSERVICE']._serialized_start=5363
-  _globals['_TRAININGSERVICE']._serialized_end=6216
+  _globals['_TRAININGJOBSTATE']._serialized_start=4347
+  _globals['_TRAININGJOBSTATE']._serialized_end=4598
+  _globals['_TRAININGPHASE']._serialized_start=4601
+  _globals['_TRAININGPHASE']._serialized_end=5005
+  _globals['_STOPMODE']._serialized_start=5007
+  _globals['_STOPMODE']._serialized_end=5087
+  _globals['_OPTIMIZER']._serialized_start=5089
+  _globals['_OPTIMIZER']._serialized_end=5174
+  _globals['_LRSCHEDULE']._serialized_start=5177
+  _globals['_LRSCHEDULE']._serialized_end=5330
+  _globals['_GETTRAININGINFOREQUEST']._serialized_start=137
+  _globals['_GETTRAININGINFOREQUEST']._serialized_end=161
+  _globals['_FAMILYTRAININGINFO']._serialized_start=164
+  _globals['_FAMILYTRAININGINFO']._serialized_end=502
+  _globals['_GETTRAININGINFORESPONSE']._serialized_start=505
+  _globals['_GETTRAININGINFORESPONSE']._serialized_end=684
+  _globals['_DATASET']._serialized_start=686
+  _globals['_DATASET']._serialized_end=769
+  _globals['_STARTTRAININGREQUEST']._serialized_start=772
+  _globals['_STARTTRAININGREQUEST']._serialized_end=1504
+  _globals['_STARTTRAININGRESPONSE']._serialized_start=1506
+  _globals['_STARTTRAININGRESPONSE']._serialized_end=1585
+  _globals['_WATCHTRAININGREQUEST']._serialized_start=1587
+  _globals['_WATCHTRAININGREQUEST']._serialized_end=1648
+  _globals['_WATCHTRAININGRESPONSE']._serialized_start=1651
+  _globals['_WATCHTRAININGRESPONSE']._serialized_end=2111
+  _globals['_TRAININGRESOLVED']._serialized_start=2113
+  _globals['_TRAININGRESOLVED']._serialized_end=2180
+  _globals['_TRAININGPHASECHANGED']._serialized_start=2182
+  _globals['_TRAININGPHASECHANGED']._serialized_end=2265
+  _globals['_TRAININGSTEP']._serialized_start=2268
+  _globals['_TRAININGSTEP']._serialized_end=2530
+  _globals['_CHECKPOINTSAVED']._serialized_start=2532
+  _globals['_CHECKPOINTSAVED']._serialized_end=2577
+  _globals['_TRAININGSAMPLE']._serialized_start=2579
+  _globals['_TRAININGSAMPLE']._serialized_end=2638
+  _globals['_TRAININGWARNING']._serialized_start=2640
+  _globals['_TRAININGWARNING']._serialized_end=2690
+  _globals['_TRAININGFINISHED']._serialized_start=2692
+  _globals['_TRAININGFINISHED']._serialized_end=2819
+  _globals['_TRAININGJOB']._serialized_start=2822
+  _globals['_TRAININGJOB']._serialized_end=3253
+  _globals['_STOPTRAININGREQUEST']._serialized_start=3255
+  _globals['_STOPTRAININGREQUEST']._serialized_end=3330
+  _globals['_STOPTRAININGRESPONSE']._serialized_start=3332
+  _globals['_STOPTRAININGRESPONSE']._serialized_end=3394
+  _globals['_GETTRAININGJOBREQUEST']._serialized_start=3396
+  _globals['_GETTRAININGJOBREQUEST']._serialized_end=3435
+  _globals['_GETTRAININGJOBRESPONSE']._serialized_start=3437
+  _globals['_GETTRAININGJOBRESPONSE']._serialized_end=3501
+  _globals['_LISTTRAININGJOBSREQUEST']._serialized_start=3503
+  _globals['_LISTTRAININGJOBSREQUEST']._serialized_end=3567
+  _globals['_LISTTRAININGJOBSRESPONSE']._serialized_start=3569
+  _globals['_LISTTRAININGJOBSRESPONSE']._serialized_end=3661
+  _globals['_DELETETRAININGJOBREQUEST']._serialized_start=3663
+  _globals['_DELETETRAININGJOBREQUEST']._serialized_end=3705
+  _globals['_DELETETRAININGJOBRESPONSE']._serialized_start=3707
+  _globals['_DELETETRAININGJOBRESPONSE']._serialized_end=3774
+  _globals['_LISTADAPTERSREQUEST']._serialized_start=3776
+  _globals['_LISTADAPTERSREQUEST']._serialized_end=3874
+  _globals['_ADAPTER']._serialized_start=3877
+  _globals['_ADAPTER']._serialized_end=4145
+  _globals['_LISTADAPTERSRESPONSE']._serialized_start=4147
+  _globals['_LISTADAPTERSRESPONSE']._serialized_end=4235
+  _globals['_DELETEADAPTERREQUEST']._serialized_start=4237
+  _globals['_DELETEADAPTERREQUEST']._serialized_end=4279
+  _globals['_DELETEADAPTERRESPONSE']._serialized_start=4281
+  _globals['_DELETEADAPTERRESPONSE']._serialized_end=4344
+  _globals['_TRAININGSERVICE']._serialized_start=5333
+  _globals['_TRAININGSERVICE']._serialized_end=6186
 # @@protoc_insertion_point(module_scope)

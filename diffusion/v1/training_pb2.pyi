@@ -1,7 +1,6 @@
 import datetime
 
 from diffusion.v1 import common_pb2 as _common_pb2
-from diffusion.v1 import inference_pb2 as _inference_pb2
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
@@ -165,7 +164,7 @@ class StartTrainingRequest(_message.Message):
     SPEED_MODE_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_ACCUMULATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     family: _common_pb2.Family
-    base: _inference_pb2.ModelSource
+    base: _common_pb2.ModelSource
     dataset: Dataset
     base_precision: _common_pb2.Precision
     rank: int
@@ -188,7 +187,7 @@ class StartTrainingRequest(_message.Message):
     priority: int
     speed_mode: _common_pb2.SpeedMode
     gradient_accumulation_steps: int
-    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[_Union[_inference_pb2.ModelSource, _Mapping]] = ..., dataset: _Optional[_Union[Dataset, _Mapping]] = ..., base_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., learning_rate: _Optional[float] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., resolution: _Optional[int] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., warmup_steps: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., sample_every: _Optional[int] = ..., sample_prompts: _Optional[_Iterable[str]] = ..., adapter_id: _Optional[str] = ..., trigger_words: _Optional[_Iterable[str]] = ..., resume_job_id: _Optional[str] = ..., priority: _Optional[int] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., gradient_accumulation_steps: _Optional[int] = ...) -> None: ...
+    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., dataset: _Optional[_Union[Dataset, _Mapping]] = ..., base_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., learning_rate: _Optional[float] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., resolution: _Optional[int] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., warmup_steps: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., sample_every: _Optional[int] = ..., sample_prompts: _Optional[_Iterable[str]] = ..., adapter_id: _Optional[str] = ..., trigger_words: _Optional[_Iterable[str]] = ..., resume_job_id: _Optional[str] = ..., priority: _Optional[int] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., gradient_accumulation_steps: _Optional[int] = ...) -> None: ...
 
 class StartTrainingResponse(_message.Message):
     __slots__ = ("job_id", "job")

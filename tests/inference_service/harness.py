@@ -6,6 +6,7 @@ import threading
 
 import grpc
 
+from diffusion.v1 import common_pb2
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
@@ -22,7 +23,7 @@ class InferenceClient:
         self.stub = inference_pb2_grpc.InferenceServiceStub(self.channel)
 
     def load(self, model_id: str, path, **fields) -> list[pb.LoadResponse]:
-        req = pb.LoadRequest(model_id=model_id, source=pb.ModelSource(local_dir=str(path)), **fields)
+        req = pb.LoadRequest(model_id=model_id, source=common_pb2.ModelSource(local_dir=str(path)), **fields)
         return list(self.stub.Load(req, timeout=300))
 
     def load_request(self, req: pb.LoadRequest) -> list[pb.LoadResponse]:

@@ -35,22 +35,22 @@ def test_doomed_loads_never_disturb_the_holder(broker_and_inference, tiny_models
     trainer = broker.granted("trainer", priority=0, purpose="LoRA job")
     (tmp_path / "notes.txt").write_text("not a model")
     doomed = [
-        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tmp_path / "missing"))),
+        (pb.LoadRequest(model_id="m", priority=9, source=c.ModelSource(local_dir=str(tmp_path / "missing"))),
          grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
-        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tmp_path))),
+        (pb.LoadRequest(model_id="m", priority=9, source=c.ModelSource(local_dir=str(tmp_path))),
          grpc.StatusCode.INVALID_ARGUMENT, "NOT_A_PIPELINE"),
-        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+        (pb.LoadRequest(model_id="m", priority=9, source=c.ModelSource(local_dir=str(tiny_models["zimage"])),
                         transformer_precision=c.PRECISION_FP8), grpc.StatusCode.FAILED_PRECONDITION,
          "PRECISION_UNAVAILABLE"),
-        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+        (pb.LoadRequest(model_id="m", priority=9, source=c.ModelSource(local_dir=str(tiny_models["zimage"])),
                         transformer_precision=c.PRECISION_NF4), grpc.StatusCode.FAILED_PRECONDITION, "NF4_UNAVAILABLE"),
-        (pb.LoadRequest(model_id="m", priority=9, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])),
+        (pb.LoadRequest(model_id="m", priority=9, source=c.ModelSource(local_dir=str(tiny_models["zimage"])),
                         memory_mode=c.MEMORY_MODE_LOW_VRAM), grpc.StatusCode.FAILED_PRECONDITION,
          "OFFLOAD_NEEDS_ACCELERATOR"),
         (pb.LoadRequest(model_id="m", priority=9, family=c.FAMILY_FLUX1,
-                        source=pb.ModelSource(local_dir=str(tiny_models["zimage"]))), grpc.StatusCode.INVALID_ARGUMENT,
+                        source=c.ModelSource(local_dir=str(tiny_models["zimage"]))), grpc.StatusCode.INVALID_ARGUMENT,
          "FAMILY_MISMATCH"),
-        (pb.LoadRequest(model_id="bad id!", source=pb.ModelSource(local_dir=str(tiny_models["zimage"]))),
+        (pb.LoadRequest(model_id="bad id!", source=c.ModelSource(local_dir=str(tiny_models["zimage"]))),
          grpc.StatusCode.INVALID_ARGUMENT, "BAD_MODEL_ID"),
     ]
     for req, code, reason in doomed:
@@ -64,7 +64,7 @@ def test_doomed_loads_never_disturb_the_holder(broker_and_inference, tiny_models
 
     # A sound load at higher priority does preempt, and is granted once the trainer lets go.
     loading = BackgroundStream(client.stub.Load(pb.LoadRequest(
-        model_id="tiny-z", priority=5, source=pb.ModelSource(local_dir=str(tiny_models["zimage"])))))
+        model_id="tiny-z", priority=5, source=c.ModelSource(local_dir=str(tiny_models["zimage"])))))
     trainer.wait_for("preempt_requested", timeout=30)
     broker.release(trainer)
     assert loading.done.wait(60) and loading.error is None, loading.error
@@ -120,9 +120,9 @@ def test_doomed_replacements_leave_the_resident_model_and_its_lease(broker_and_i
     shutil.copytree(tiny_models["zimage"], truncated)
     weights = next((truncated / "transformer").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-100])
-    source = pb.ModelSource(local_dir=str(tiny_models["zimage"]))
+    source = c.ModelSource(local_dir=str(tiny_models["zimage"]))
     doomed = [
-        (pb.LoadRequest(model_id="m", source=pb.ModelSource(local_dir=str(truncated))),
+        (pb.LoadRequest(model_id="m", source=c.ModelSource(local_dir=str(truncated))),
          grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS"),
         (pb.LoadRequest(model_id="m", source=source, device_index=5), grpc.StatusCode.INVALID_ARGUMENT,
          "UNKNOWN_DEVICE"),

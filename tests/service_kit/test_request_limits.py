@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from diffusion.v1 import broker_pb2, inference_pb2, training_pb2
+from diffusion.v1 import broker_pb2, common_pb2, inference_pb2, training_pb2
 from gpu_broker.request_rules import RULES as BROKER_RULES
 from inference_service.request_rules import RULES as INFERENCE_RULES
 from service_kit.request_limits import Limit, Rules, check, largest_request_bytes, unbounded_fields
@@ -35,12 +35,12 @@ def violations(message, table):
      [("memory_mode", "UNKNOWN_ENUM_VALUE"), ("speed_mode", "UNKNOWN_ENUM_VALUE")]),
     # '$' accepted a trailing newline; the edge matches the whole value.
     (inference_pb2.LoadRequest(model_id="m\n"), [("model_id", "BAD_MODEL_ID")]),
-    (inference_pb2.LoadRequest(model_id="m", source=inference_pb2.ModelSource(
-        hub_repo=inference_pb2.HubRepo(repo_id="../etc"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
-    (inference_pb2.LoadRequest(model_id="m", source=inference_pb2.ModelSource(
-        hub_repo=inference_pb2.HubRepo(repo_id="a b/c"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
-    (inference_pb2.LoadRequest(model_id="m", source=inference_pb2.ModelSource(
-        hub_repo=inference_pb2.HubRepo(repo_id="/"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
+    (inference_pb2.LoadRequest(model_id="m", source=common_pb2.ModelSource(
+        hub_repo=common_pb2.HubRepo(repo_id="../etc"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
+    (inference_pb2.LoadRequest(model_id="m", source=common_pb2.ModelSource(
+        hub_repo=common_pb2.HubRepo(repo_id="a b/c"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
+    (inference_pb2.LoadRequest(model_id="m", source=common_pb2.ModelSource(
+        hub_repo=common_pb2.HubRepo(repo_id="/"))), [("source.hub_repo.repo_id", "BAD_REPO_ID")]),
     (inference_pb2.GenerateRequest(model_id="m", prompt="p", seeds=[1] * 17), [("seeds", "")]),
     (inference_pb2.GenerateRequest(model_id="m", prompt="p", adapters=[inference_pb2.AdapterRef(adapter_id="nl\n")]),
      [("adapters[0].adapter_id", "BAD_ADAPTER_ID")]),

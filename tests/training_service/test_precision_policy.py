@@ -3,22 +3,11 @@ import pytest
 
 from diffusion.v1 import common_pb2 as c
 from diffusion_kit.families import FAMILIES
-from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from service_kit.errors import FailedPrecondition, InvalidArgument, ServiceError
+from tests.training_service.hosts import A100, B200, CPU, H200, H200_NO_BNB, H200_STUB_AO, T4
 from training_service.precision_policy import GiB, StepShape, advertised, auto_pick, check_fits, resolve, training_bytes
 
-H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True, bitsandbytes=True,
-                adamw8bit=True, adamw8bit_reason="")
-A100 = HostCaps("cuda", "NVIDIA A100", 80 * GiB, 79 * GiB, (8, 0), native_bf16=True, torchao=True, bitsandbytes=True)
-B200 = HostCaps("cuda", "NVIDIA B200", 180 * GiB, 178 * GiB, (10, 0), native_bf16=True, torchao=True, bitsandbytes=True)
-H200_STUB_AO = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=False,
-                        torchao_reason="quantize_ left the weight unchanged (a stub build)", bitsandbytes=True)
-H200_NO_BNB = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
-                       bitsandbytes=False, bitsandbytes_reason="bitsandbytes does not import",
-                       adamw8bit=False, adamw8bit_reason="bitsandbytes AdamW8bit failed a one-step probe: ImportError")
-T4 = HostCaps("cuda", "Tesla T4", 16 * GiB, 15 * GiB, (7, 5), native_bf16=False, torchao=True, bitsandbytes=True)
-CPU = HostCaps("cpu", "CPU", 24 * GiB, 22 * GiB, torchao=True)
 P = Precision
 Z, FLUX, QWEN, SDXL = (FAMILIES[k] for k in ("zimage", "flux1", "qwen_image", "sdxl"))
 

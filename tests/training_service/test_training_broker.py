@@ -11,11 +11,11 @@ from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
-from tests.training_service.test_training_jobs import _wait_first_step, dirs, request  # noqa: F401 (fixture)
+from tests.training_service.jobs_helper import request, wait_first_step
 
 
 @pytest.fixture
-def stack(start_broker, dirs):  # noqa: F811
+def stack(start_broker, dirs):
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
     proc = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir", str(dirs["out"]),
                          "--adapter-store", str(dirs["adapters"]), timeout=180)
@@ -25,7 +25,7 @@ def stack(start_broker, dirs):  # noqa: F811
     proc.stop()
 
 
-def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, tmp_path):  # noqa: F811
+def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, tmp_path):
     broker, service = stack
     timeline = broker.timeline()
     holder = broker.granted("inference-0", priority=0)
@@ -39,11 +39,11 @@ def test_preflight_failures_never_disturb_the_holder(stack, tiny_models, dirs, t
     assert holder.kinds_so_far(0.3) == [] and timeline.kinds() == ["SNAPSHOT", "GRANTED"]
 
 
-def test_preempt_suspends_with_a_checkpoint_and_the_job_resumes(stack, tiny_models, dirs):  # noqa: F811
+def test_preempt_suspends_with_a_checkpoint_and_the_job_resumes(stack, tiny_models, dirs):
     broker, service = stack
     timeline = broker.timeline()
     job_id = service.StartTraining(request(tiny_models, dirs, steps=200, priority=1)).job_id
-    _wait_first_step(service, job_id)
+    wait_first_step(service, job_id)
     granted = timeline.wait_for("GRANTED", timeout=10)
     assert granted.transition.holder.client_id == "training-0"
     urgent = broker.acquire("urgent", priority=9)
@@ -65,11 +65,11 @@ def test_preempt_suspends_with_a_checkpoint_and_the_job_resumes(stack, tiny_mode
     service.StopTraining(pb.StopTrainingRequest(job_id=resumed_id, mode=pb.STOP_MODE_DISCARD))
 
 
-def test_killed_child_releases_the_lease(stack, tiny_models, dirs):  # noqa: F811
+def test_killed_child_releases_the_lease(stack, tiny_models, dirs):
     broker, service = stack
     timeline = broker.timeline()
     job_id = service.StartTraining(request(tiny_models, dirs, steps=200)).job_id
-    _wait_first_step(service, job_id)
+    wait_first_step(service, job_id)
     assert [l.holder.client_id for l in broker.status().leases] == ["training-0"]
     subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
     timeline.wait_for("RELEASED", timeout=15)
@@ -79,7 +79,7 @@ def test_killed_child_releases_the_lease(stack, tiny_models, dirs):  # noqa: F81
     assert "killed by SIGKILL" in events[-1].finished.message  # the cause, not the last line of stderr
 
 
-def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, tiny_models, dirs, tmp_path):
     import signal
 
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
@@ -90,7 +90,7 @@ def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, ti
     timeline = broker.timeline()
     try:
         job_id = service.StartTraining(request(tiny_models, dirs, steps=400)).job_id
-        _wait_first_step(service, job_id)
+        wait_first_step(service, job_id)
         assert [lease.holder.client_id for lease in broker.status().leases] == ["training-0"]
     finally:
         channel.close()
@@ -105,7 +105,7 @@ def test_a_draining_service_checkpoints_then_gives_the_gpu_back(start_broker, ti
     assert "the training service stopped" in message and "preempted" not in message
 
 
-def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, tiny_models, dirs, tmp_path):
     import signal
 
     broker_proc, broker = start_broker(fake_devices="1x24GiB")
@@ -128,7 +128,7 @@ def test_a_job_still_waiting_for_the_gpu_is_cancelled_by_a_drain(start_broker, t
     assert holder.kinds_so_far(0.3) == []
 
 
-def test_a_job_waiting_for_the_gpu_can_be_stopped(stack, tiny_models, dirs):  # noqa: F811
+def test_a_job_waiting_for_the_gpu_can_be_stopped(stack, tiny_models, dirs):
     broker, service = stack
     holder = broker.granted("inference-0", priority=9)  # the whole device, above the job's priority
     job_id = service.StartTraining(request(tiny_models, dirs, steps=4)).job_id
@@ -146,7 +146,7 @@ def test_a_job_waiting_for_the_gpu_can_be_stopped(stack, tiny_models, dirs):  # 
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_a_job_whose_lease_is_lost_checkpoints_and_stops(start_broker, tiny_models, dirs, tmp_path):  # noqa: F811
+def test_a_job_whose_lease_is_lost_checkpoints_and_stops(start_broker, tiny_models, dirs, tmp_path):
     """The broker dies under a running job: the trainer must not go on computing outside the books."""
     import signal
 
@@ -160,7 +160,7 @@ def test_a_job_whose_lease_is_lost_checkpoints_and_stops(start_broker, tiny_mode
     service = training_pb2_grpc.TrainingServiceStub(channel)
     try:
         job_id = service.StartTraining(request(tiny_models, dirs, steps=400)).job_id
-        _wait_first_step(service, job_id)
+        wait_first_step(service, job_id)
         broker_proc.stop(signal.SIGKILL)
         events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
         assert "LEASE_LOST" in [e.warning.reason for e in events if e.WhichOneof("event") == "warning"]

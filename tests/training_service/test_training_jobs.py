@@ -4,10 +4,8 @@ import time
 
 import grpc
 import pytest
-from PIL import Image
 
 from diffusion.v1 import common_pb2 as c
-from diffusion.v1 import inference_pb2
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from diffusion_kit.adapter_store import AdapterStore
@@ -15,16 +13,7 @@ from service_kit.error_interceptor import error_info
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
-
-
-@pytest.fixture(scope="module")
-def dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jobs")
-    data = root / "data"
-    data.mkdir()
-    for i in range(2):
-        Image.new("RGB", (72, 64), (90 * i, 40, 160)).save(data / f"{i}.png")
-    return {"out": root / "out", "adapters": root / "adapters", "data": data}
+from tests.training_service.jobs_helper import request, wait_first_step
 
 
 def start_training_service(dirs):
@@ -40,13 +29,6 @@ def service(dirs):
     yield stub
     channel.close()
     proc.stop()
-
-
-def request(tiny_models, dirs, **kw):
-    return pb.StartTrainingRequest(**{
-        "family": c.FAMILY_ZIMAGE, "base": inference_pb2.ModelSource(local_dir=str(tiny_models["zimage"])),
-        "dataset": pb.Dataset(image_dir=str(dirs["data"]), instance_prompt="a violet card"), "rank": 4,
-        "resolution": 64, "steps": 4, "seed": 3, **kw})
 
 
 def kinds(events):
@@ -81,20 +63,11 @@ def test_start_watch_complete_and_replay(service, tiny_models, dirs):
     assert started.job_id in [j.job_id for j in service.ListTrainingJobs(pb.ListTrainingJobsRequest()).jobs]
 
 
-def _wait_first_step(service, job_id):
-    seen = []
-    for event in service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120):
-        if event.WhichOneof("event") == "step":
-            return event.sequence
-        seen.append(event)
-    raise AssertionError(f"no step event: {seen}")
-
-
 @pytest.mark.parametrize("mode, adapter_published", [(pb.STOP_MODE_SAVE, True), (pb.STOP_MODE_DISCARD, False)])
 def test_stop_at_a_step_boundary(service, tiny_models, dirs, mode, adapter_published):
     adapter_id = f"stopped-{mode}"
     job_id = service.StartTraining(request(tiny_models, dirs, steps=200, adapter_id=adapter_id)).job_id
-    _wait_first_step(service, job_id)
+    wait_first_step(service, job_id)
     service.StopTraining(pb.StopTrainingRequest(job_id=job_id, mode=mode))
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
     finished = events[-1].finished
@@ -150,7 +123,7 @@ def test_stopped_job_resumes_bit_identically(service, tiny_models, dirs):
     straight = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=straight_id), timeout=120))
 
     first_id = service.StartTraining(request(tiny_models, dirs, steps=6, adapter_id="first-part")).job_id
-    _wait_first_step(service, first_id)
+    wait_first_step(service, first_id)
     service.StopTraining(pb.StopTrainingRequest(job_id=first_id, mode=pb.STOP_MODE_SAVE))
     first = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=first_id), timeout=120))
     reached = first[-1].finished.steps_completed
@@ -224,7 +197,7 @@ FAMILY_PROTOS = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1, "qwen_image
 
 def family_request(tiny_models, dirs, family, **kw):
     return request(tiny_models, dirs, family=FAMILY_PROTOS[family],
-                   base=inference_pb2.ModelSource(local_dir=str(tiny_models[family])), **kw)
+                   base=c.ModelSource(local_dir=str(tiny_models[family])), **kw)
 
 
 @pytest.mark.parametrize("family", list(FAMILY_PROTOS))
@@ -367,7 +340,7 @@ def test_a_hub_base_is_preflighted_from_two_small_files_and_fetched_by_the_job(t
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
     try:
-        hub = inference_pb2.ModelSource(hub_repo=inference_pb2.HubRepo(repo_id="tiny-org/tiny-flux"))
+        hub = c.ModelSource(hub_repo=c.HubRepo(repo_id="tiny-org/tiny-flux"))
         job_id = stub.StartTraining(request(tiny_models, dirs, family=c.FAMILY_FLUX1, base=hub, steps=2,
                                             adapter_id="from-the-hub")).job_id
         events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
@@ -378,8 +351,8 @@ def test_a_hub_base_is_preflighted_from_two_small_files_and_fetched_by_the_job(t
         for repo_id, code, reason in [("nobody/not-cached", grpc.StatusCode.NOT_FOUND, "NOT_CACHED_OFFLINE"),
                                       ("no-slash", grpc.StatusCode.INVALID_ARGUMENT, "BAD_REPO_ID")]:
             with pytest.raises(grpc.RpcError) as e:
-                stub.StartTraining(request(tiny_models, dirs, family=c.FAMILY_FLUX1, base=inference_pb2.ModelSource(
-                    hub_repo=inference_pb2.HubRepo(repo_id=repo_id))))
+                stub.StartTraining(request(tiny_models, dirs, family=c.FAMILY_FLUX1, base=c.ModelSource(
+                    hub_repo=c.HubRepo(repo_id=repo_id))))
             assert (e.value.code(), error_info(e.value).reason) == (code, reason)
         with pytest.raises(grpc.RpcError) as e:  # a hub repo of another family
             stub.StartTraining(request(tiny_models, dirs, base=hub))

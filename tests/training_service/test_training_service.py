@@ -6,7 +6,6 @@ import pytest
 from PIL import Image
 
 from diffusion.v1 import common_pb2 as c
-from diffusion.v1 import inference_pb2
 from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.error_interceptor import error_info
@@ -56,7 +55,7 @@ def start(training, **fields):
 
 
 def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
-    good = dict(family=c.FAMILY_ZIMAGE, base=inference_pb2.ModelSource(local_dir=str(tiny_models["zimage"])),
+    good = dict(family=c.FAMILY_ZIMAGE, base=c.ModelSource(local_dir=str(tiny_models["zimage"])),
                 dataset=pb.Dataset(image_dir=str(dataset_dir)))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "x.png").write_bytes(b"\x89PNG not really")
@@ -64,16 +63,16 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
     cases = [
         (dict(good, family=c.FAMILY_UNSPECIFIED), grpc.StatusCode.INVALID_ARGUMENT, "BAD_FAMILY"),
         (dict(good, family=c.FAMILY_FLUX1), grpc.StatusCode.INVALID_ARGUMENT, "FAMILY_MISMATCH"),
-        (dict(good, base=inference_pb2.ModelSource(local_dir=str(tmp_path / "nope"))), grpc.StatusCode.NOT_FOUND,
+        (dict(good, base=c.ModelSource(local_dir=str(tmp_path / "nope"))), grpc.StatusCode.NOT_FOUND,
          "MODEL_NOT_FOUND"),
-        (dict(good, base=inference_pb2.ModelSource(local_dir=str(dataset_dir))), grpc.StatusCode.INVALID_ARGUMENT,
+        (dict(good, base=c.ModelSource(local_dir=str(dataset_dir))), grpc.StatusCode.INVALID_ARGUMENT,
          "NOT_A_PIPELINE"),
         (dict(good, base_precision=c.PRECISION_NF4), grpc.StatusCode.FAILED_PRECONDITION, "PRECISION_UNAVAILABLE"),
         (dict(good, base_precision=c.PRECISION_NVFP4), grpc.StatusCode.INVALID_ARGUMENT, "BAD_BASE_PRECISION"),
         (dict(good, dataset=pb.Dataset(image_dir=str(tmp_path / "broken"))), grpc.StatusCode.INVALID_ARGUMENT,
          "BAD_IMAGE"),
         (dict(good, adapter_id="../up"), grpc.StatusCode.INVALID_ARGUMENT, "BAD_ADAPTER_ID"),
-        (dict(good, base=inference_pb2.ModelSource(single_file=inference_pb2.SingleFileCheckpoint(path="/x.safetensors"))),
+        (dict(good, base=c.ModelSource(single_file=c.SingleFileCheckpoint(path="/x.safetensors"))),
          grpc.StatusCode.INVALID_ARGUMENT, "BAD_BASE"),
         (dict(good, learning_rate=0.0), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
         (dict(good, learning_rate=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
@@ -83,6 +82,8 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
         (dict(good, resolution=8192), grpc.StatusCode.INVALID_ARGUMENT, "BAD_RESOLUTION"),
         (dict(good, batch_size=65), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
         (dict(good, lr_schedule=99), grpc.StatusCode.INVALID_ARGUMENT, "BAD_LR_SCHEDULE"),
+        (dict(good, optimizer=9), grpc.StatusCode.INVALID_ARGUMENT, "BAD_OPTIMIZER"),
+        (dict(good, speed_mode=9), grpc.StatusCode.INVALID_ARGUMENT, "BAD_SPEED_MODE"),
         (dict(good, sample_every=-1), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
     ]
     for fields, code, reason in cases:
@@ -92,7 +93,7 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
 
 
 def test_sdxl_ignores_a_leftover_precision_but_not_an_unknown_one(training, tiny_models, dataset_dir):
-    base = inference_pb2.ModelSource(local_dir=str(tiny_models["sdxl"]))
+    base = c.ModelSource(local_dir=str(tiny_models["sdxl"]))
     started = start(training, family=c.FAMILY_SDXL, base=base, dataset=pb.Dataset(image_dir=str(dataset_dir)),
                     base_precision=c.PRECISION_FP8, steps=2, resolution=64, rank=4)
     events = list(training.WatchTraining(pb.WatchTrainingRequest(job_id=started.job_id), timeout=120))
@@ -111,7 +112,7 @@ def test_prequantized_base_only_trains_nf4(tiny_models, tmp_path):
 
     from diffusion_kit.host_caps import HostCaps
     from service_kit.errors import InvalidArgument
-    from training_service.start_preflight import is_prequantized
+    from training_service.training_plan import is_prequantized
     from training_service import precision_policy
 
     base = tmp_path / "bnb-base"
@@ -134,11 +135,15 @@ def test_preflight_sizes_the_job_from_its_weights_and_shape(tiny_models, dataset
     one larger than the whole GPU is refused in the preflight, before any lease."""
     from diffusion_kit.host_caps import HostCaps
     from service_kit.errors import FailedPrecondition
-    from training_service.start_preflight import preflight
+    from training_service import convert
+    from training_service.training_plan import resolve
+
+    def preflight(req, caps, output_root):
+        return resolve(convert.start_training(req), caps, output_root)
 
     small_gpu = HostCaps("cuda", "a 64 MiB GPU", 64 * 2**20, 64 * 2**20, (9, 0), native_bf16=True, torchao=True,
                          bitsandbytes=True)
-    req = pb.StartTrainingRequest(family=c.FAMILY_FLUX1, base=inference_pb2.ModelSource(local_dir=str(tiny_models["flux1"])),
+    req = pb.StartTrainingRequest(family=c.FAMILY_FLUX1, base=c.ModelSource(local_dir=str(tiny_models["flux1"])),
                                   dataset=pb.Dataset(image_dir=str(dataset_dir)), base_precision=c.PRECISION_BF16,
                                   resolution=64)
     small = preflight(req, small_gpu, tmp_path).need_bytes
