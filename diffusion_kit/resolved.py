@@ -36,5 +36,11 @@ class Resolved:
         return common_pb2.ResolvedSetting(control=self.control, requested=self.requested, applied=self.applied,
                                           source=self.source.value, status=self.status.value, reason=self.reason)
 
+    def to_dict(self) -> dict:
+        """The record as JSON-ready data, in the ResolvedSetting message's JSON form (stored job events)."""
+        return {"control": self.control, "requested": self.requested, "applied": self.applied,
+                "source": common_pb2.SettingSource.Name(self.source.value),
+                "status": common_pb2.SettingStatus.Name(self.status.value), "reason": self.reason}
+
     def fell_back(self) -> bool:
         return self.status is Status.FELL_BACK

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from dataclasses import replace
 
-from google.protobuf import json_format
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
@@ -70,8 +69,7 @@ class JobManager:
                                    "checkpointing), asked of the broker" if self.broker else
                                    "the estimated peak of this job; no broker, so nothing reserves it")
         resolved = (*plan.resolved, estimate, self._checkpoints(recipe.checkpoint_every))
-        await self._append(record, "resolved", {"resolved": [json_format.MessageToDict(r.to_proto())
-                                                             for r in resolved]})
+        await self._append(record, "resolved", {"resolved": [r.to_dict() for r in resolved]})
         for r in resolved:  # a fallback is said on the stream too, where a watcher reading events sees it
             if r.status is Status.FELL_BACK:
                 await self._append(record, "warning", {
