@@ -4,10 +4,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from pathlib import Path
 
 from gpu_broker.inventory import InventoryError, parse_fake_devices, probe_cuda_devices
 from service_kit.units import format_bytes
 from gpu_broker.lease_book import BrokerPolicy
+from gpu_broker.lease_journal import JournalError, LeaseJournal
 from gpu_broker.server import create_broker_server
 from service_kit import structured_log
 from service_kit.security import add_server_flags, server_security
@@ -36,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each full interval waited adds 1 to a request's queue priority; 0 disables (default 30s)")
     p.add_argument("--max-waiters", type=int, default=1024, metavar="N",
                    help="requests that may wait in the queue at once; more answer RESOURCE_EXHAUSTED (default 1024)")
+    p.add_argument("--lease-journal", type=Path, metavar="FILE",
+                   help="keep the live leases in FILE, so a restarted broker keeps their memory for the holders "
+                        "until they re-claim it; without it a restart forgets every lease")
+    p.add_argument("--reclaim-window", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="after a restart, how long journaled leases wait for their holders (default 60s)")
     p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
@@ -53,8 +60,13 @@ async def _main(args: argparse.Namespace, security) -> None:
             log.warning("no devices to lease", extra={"fields": {"reason": str(e)}})
     policy = BrokerPolicy(default_release_grace_s=args.default_release_grace,
                           max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval,
-                          max_waiters=args.max_waiters)
-    broker = await create_broker_server(args.listen, devices, policy, security)
+                          max_waiters=args.max_waiters, reclaim_window_s=args.reclaim_window)
+    journal = LeaseJournal(args.lease_journal) if args.lease_journal else None
+    try:
+        broker = await create_broker_server(args.listen, devices, policy, security, journal)
+    except JournalError as e:
+        log.error("cannot start", extra={"fields": {"event": "broker.journal_unreadable", "reason": str(e)}})
+        raise SystemExit(f"gpu_broker: {e}") from None
     log.info("broker started", extra={"fields": {
         "event": "broker.started", "port": broker.port, "inventory": source,
         "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices]}})

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
 import grpc
@@ -42,12 +42,14 @@ class LeaseRequest:
     device_index: int | None = None
     fail_fast: bool = False
     release_grace_s: float | None = None
+    reclaim_lease_id: str = ""  # set by the library when it re-acquires after losing the broker
 
     def to_proto(self) -> broker_pb2.AcquireRequest:
         req = broker_pb2.AcquireRequest(
             holder=broker_pb2.Holder(client_id=self.client_id, purpose=self.purpose, priority=self.priority),
             memory_bytes=self.memory_bytes,
             wait_policy=broker_pb2.WAIT_POLICY_FAIL_FAST if self.fail_fast else broker_pb2.WAIT_POLICY_QUEUE,
+            reclaim_lease_id=self.reclaim_lease_id,
         )
         if self.device_index is not None:
             req.device_index = self.device_index
@@ -148,7 +150,9 @@ class HeldLease:
             if self._on_lost:
                 await self._on_lost(e)
             if self._reconnect and e.code() == grpc.StatusCode.UNAVAILABLE:
-                # The holder still uses the memory; assert the same budget on the restarted broker.
+                # The holder still uses the memory: re-claim the same lease (a broker with a journal kept it), or
+                # else ask for the same budget again.
+                self.request = replace(self.request, reclaim_lease_id=self.lease_id)
                 await self._open(connect_timeout_s=None)
 
     async def release(self) -> None:

@@ -8,7 +8,8 @@ from service_kit.errors import InvalidArgument
 from service_kit.proto_time import duration, timestamp
 
 _LEASE_STATE = {lb.LeaseState.ACTIVE: broker_pb2.LEASE_STATE_ACTIVE,
-                lb.LeaseState.PREEMPTING: broker_pb2.LEASE_STATE_PREEMPTING}
+                lb.LeaseState.PREEMPTING: broker_pb2.LEASE_STATE_PREEMPTING,
+                lb.LeaseState.AWAITING_RECLAIM: broker_pb2.LEASE_STATE_AWAITING_RECLAIM}
 _WAIT_STATE = {lb.WaitState.QUEUED: broker_pb2.WAIT_STATE_QUEUED,
                lb.WaitState.PREEMPTING: broker_pb2.WAIT_STATE_PREEMPTING}
 _CANCEL = {lb.CancelOutcome.REMOVED_FROM_QUEUE: broker_pb2.CANCEL_OUTCOME_REMOVED_FROM_QUEUE,
@@ -29,6 +30,7 @@ def acquire_spec(req: broker_pb2.AcquireRequest) -> lb.AcquireSpec:
         device_index=req.device_index if req.HasField("device_index") else None,
         fail_fast=req.wait_policy == broker_pb2.WAIT_POLICY_FAIL_FAST,
         release_grace_s=grace,
+        reclaim_lease_id=req.reclaim_lease_id,
     )
 
 
@@ -56,6 +58,8 @@ def lease_msg(lease: lb.LeaseRecord) -> broker_pb2.Lease:
     )
     if lease.preempt_deadline is not None:
         msg.preempt_deadline.CopyFrom(timestamp(lease.preempt_deadline))
+    if lease.reclaim_deadline is not None:
+        msg.reclaim_deadline.CopyFrom(timestamp(lease.reclaim_deadline))
     return msg
 
 

@@ -49,11 +49,13 @@ class AcquireSpec:
     fail_fast: bool = False
     release_grace_s: float | None = None  # None = the broker's default
     owner: str = ANONYMOUS.identity  # the authenticated identity that asked; only it (or an admin) may end it
+    reclaim_lease_id: str = ""  # the lease this holder held before the broker restarted
 
 
 class LeaseState(Enum):
     ACTIVE = "active"
     PREEMPTING = "preempting"
+    AWAITING_RECLAIM = "awaiting_reclaim"  # restored from the journal; no stream holds it yet
 
 
 class WaitState(Enum):
@@ -77,6 +79,7 @@ class LeaseRecord:
     preempt_deadline: float | None = None
     preempt_for: str | None = None
     missed_preempt_deadlines: int = 0
+    reclaim_deadline: float | None = None  # AWAITING_RECLAIM: freed at this time unless re-claimed
 
 
 @dataclass
@@ -167,6 +170,8 @@ class TransitionKind(Enum):
     CANCELLED = "cancelled"
     ABORT_REQUESTED = "abort_requested"
     FAILED = "failed"
+    AWAITING_RECLAIM = "awaiting_reclaim"
+    RECLAIM_EXPIRED = "reclaim_expired"
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,10 @@ class BrokerPolicy:
     aging_interval_s: float = 30.0
     # Requests that may wait at once; more answer RESOURCE_EXHAUSTED (every queue operation costs per waiter).
     max_waiters: int = 1024
+    # After a restart, how long leases read from the journal stay set aside for their holders to re-claim.
+    # Longer than a holder needs to notice the broker is back (its client retries within a second) and than
+    # a holder that will not re-claim needs to stop using the memory (a training job checkpoints first).
+    reclaim_window_s: float = 60.0
 
 
 class LeaseBook:
@@ -226,9 +235,28 @@ class LeaseBook:
 
     # ---- operations -------------------------------------------------------------------
 
+    def restore(self, leases: list[LeaseRecord], now: float) -> None:
+        """At start: the leases the journal says were held when the broker went away. Their holders may still
+        be using the memory, so it stays theirs until they re-claim it or the re-claim window ends."""
+        deadline = now + self.policy.reclaim_window_s
+        for lease in leases:
+            if not 0 <= lease.device_index < len(self.devices):
+                continue  # the inventory changed: nothing to keep on a device that is gone
+            restored = replace(lease, request_id="", state=LeaseState.AWAITING_RECLAIM, preempt_deadline=None,
+                               preempt_for=None, reclaim_deadline=deadline)
+            self._leases[restored.lease_id] = restored
+            self._transition(now, TransitionKind.AWAITING_RECLAIM, lease_id=restored.lease_id, holder=restored.holder,
+                             device_index=restored.device_index,
+                             detail=f"{format_bytes(restored.memory_bytes)} kept for its holder to re-claim within "
+                                    f"{self.policy.reclaim_window_s:g}s")
+
     def submit(self, spec: AcquireSpec, now: float) -> str:
         """Validates and enqueues a request; returns its id. Raises without changing anything."""
         request_id = "req-" + uuid.uuid4().hex[:12]
+        if spec.reclaim_lease_id and self._reclaimable(spec):
+            self._validate(spec)
+            self._reclaim(self._leases[spec.reclaim_lease_id], request_id, spec, now)
+            return request_id
         try:
             if len(self._waiters) >= self.policy.max_waiters:
                 raise ResourceExhausted(f"{len(self._waiters)} requests are already waiting (the most this broker "
@@ -270,8 +298,9 @@ class LeaseBook:
                            reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
         _check_owner(caller, lease.owner, f"lease {lease_id}")
         released = self._free(lease, now, TransitionKind.RELEASED, "released by holder")
-        self.outbox.append(Notice(lease.request_id, released, now))
-        self.outbox.append(Notice(lease.request_id, Ended(), now))
+        if lease.request_id:  # a lease awaiting re-claim has no stream
+            self.outbox.append(Notice(lease.request_id, released, now))
+            self.outbox.append(Notice(lease.request_id, Ended(), now))
         self._schedule(now)
         return released
 
@@ -309,13 +338,22 @@ class LeaseBook:
             raise NotFound(f"no live lease {lease_id!r}", reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
         _check_owner(caller, lease.owner, f"lease {lease_id}")
         why = reason or "abort requested"
+        if lease.state is LeaseState.AWAITING_RECLAIM:  # nothing runs under it that could abort: free it
+            self._free(lease, now, TransitionKind.CANCELLED, f"cancelled while awaiting re-claim: {why}")
+            self._schedule(now)
+            return CancelOutcome.REMOVED_FROM_QUEUE
         self.outbox.append(Notice(lease.request_id, AbortRequested(lease.lease_id, why), now))
         self._transition(now, TransitionKind.ABORT_REQUESTED, request_id=lease.request_id, lease_id=lease.lease_id,
                          holder=lease.holder, device_index=lease.device_index, detail=why)
         return CancelOutcome.ABORT_REQUESTED
 
     def tick(self, now: float) -> None:
-        """Fails preemptions whose victims missed their deadline, and re-ranks the aged queue."""
+        """Fails preemptions whose victims missed their deadline, frees journaled leases nobody re-claimed in
+        time, and re-ranks the aged queue."""
+        for lease in [x for x in self._leases.values() if x.state is LeaseState.AWAITING_RECLAIM
+                      and x.reclaim_deadline is not None and x.reclaim_deadline <= now]:
+            self._free(lease, now, TransitionKind.RECLAIM_EXPIRED,
+                       f"not re-claimed within {self.policy.reclaim_window_s:g}s of the broker's start; freed")
         for waiter in [w for w in self._waiters.values() if w.state is WaitState.PREEMPTING]:
             overdue = [self._leases[v] for v in waiter.victims
                        if v in self._leases and self._leases[v].preempt_deadline is not None
@@ -336,6 +374,7 @@ class LeaseBook:
     def next_deadline(self, now: float) -> float | None:
         """When `tick` next has work: the nearest preempt deadline or aging step."""
         times = [lease.preempt_deadline for lease in self._leases.values() if lease.preempt_deadline is not None]
+        times += [lease.reclaim_deadline for lease in self._leases.values() if lease.reclaim_deadline is not None]
         aging = self.policy.aging_interval_s
         if aging > 0 and self._waiters:
             times += [w.arrived_at + aging * (math.floor((now - w.arrived_at) / aging) + 1) for w in self._waiters.values()]
@@ -351,6 +390,22 @@ class LeaseBook:
         )
         leases = tuple(replace(lease) for lease in sorted(self._leases.values(), key=lambda x: x.granted_at))
         return Snapshot(self.devices, leased, leases, queue, self._sequence)
+
+    def journal(self) -> list[dict]:
+        """What a restarted broker needs to keep for the holders: every lease, awaiting re-claim or not."""
+        return [{"lease_id": x.lease_id, "client_id": x.holder.client_id, "purpose": x.holder.purpose,
+                 "priority": x.holder.priority, "device_index": x.device_index, "memory_bytes": x.memory_bytes,
+                 "exclusive": x.exclusive, "granted_at": x.granted_at, "granted_priority": x.granted_priority,
+                 "release_grace_s": x.release_grace_s, "owner": x.owner}
+                for x in sorted(self._leases.values(), key=lambda x: x.lease_id)]
+
+    @staticmethod
+    def leases_from_journal(entries: list[dict]) -> list[LeaseRecord]:
+        return [LeaseRecord(lease_id=e["lease_id"], request_id="",
+                            holder=Holder(e["client_id"], e.get("purpose", ""), e.get("priority", 0)),
+                            device_index=e["device_index"], memory_bytes=e["memory_bytes"], exclusive=e["exclusive"],
+                            granted_at=e["granted_at"], granted_priority=e["granted_priority"],
+                            release_grace_s=e["release_grace_s"], owner=e["owner"]) for e in entries]
 
     def lease_for_request(self, request_id: str) -> LeaseRecord | None:
         lease_id = self._lease_of_request.get(request_id)
@@ -385,6 +440,25 @@ class LeaseBook:
                 reason="NEVER_FITS", metadata={"memory_bytes": str(spec.memory_bytes)})
         return grace
 
+    def _reclaimable(self, spec: AcquireSpec) -> bool:
+        """The journaled lease a request names is still set aside, and the request is its holder's."""
+        lease = self._leases.get(spec.reclaim_lease_id)
+        return (lease is not None and lease.state is LeaseState.AWAITING_RECLAIM and lease.owner == spec.owner
+                and lease.holder.client_id == spec.holder.client_id
+                and spec.device_index in (None, lease.device_index)
+                and (spec.memory_bytes == 0 if lease.exclusive else spec.memory_bytes == lease.memory_bytes))
+
+    def _reclaim(self, lease: LeaseRecord, request_id: str, spec: AcquireSpec, now: float) -> None:
+        """Gives a journaled lease back to its holder at once: same id, device and budget, ahead of any waiter."""
+        lease.request_id, lease.state, lease.reclaim_deadline = request_id, LeaseState.ACTIVE, None
+        lease.holder = spec.holder
+        self._lease_of_request[request_id] = lease.lease_id
+        self.outbox.append(Notice(request_id, Queued(0, "re-claiming a lease held before the broker restarted"), now))
+        self.outbox.append(Notice(request_id, Granted(replace(lease)), now))
+        self._transition(now, TransitionKind.GRANTED, request_id=request_id, lease_id=lease.lease_id,
+                         holder=lease.holder, device_index=lease.device_index,
+                         detail=f"{format_bytes(lease.memory_bytes)} re-claimed after a broker restart")
+
     def _describe_need(self, spec: AcquireSpec) -> str:
         what = "the whole device" if spec.memory_bytes == 0 else format_bytes(spec.memory_bytes)
         where = "any device" if spec.device_index is None else f"device {spec.device_index}"
@@ -397,7 +471,9 @@ class LeaseBook:
             holders = [lease for lease in self._leases.values() if lease.device_index == dev.index]
             free = dev.total_bytes - sum(lease.memory_bytes for lease in holders)
             who = ", ".join(f"{lease.holder.client_id} (priority {lease.granted_priority}, "
-                            f"{format_bytes(lease.memory_bytes)})" for lease in holders) or "no holders"
+                            f"{format_bytes(lease.memory_bytes)}"
+                            f"{', awaiting re-claim' if lease.state is LeaseState.AWAITING_RECLAIM else ''})"
+                            for lease in holders) or "no holders"
             parts.append(f"device {dev.index} has {format_bytes(free)} free, held by {who}")
         waiting = sum(1 for request_id in self._waiters if request_id != exclude)
         tail = f"; {waiting} other request(s) waiting" if waiting else ""
@@ -429,7 +505,9 @@ class LeaseBook:
     def _plan(self, now: float, extra: Waiter | None = None) -> placement.Plan:
         devices = [placement.DeviceView(d.index, d.total_bytes) for d in self.devices]
         leases = [
-            placement.LeaseView(lease.lease_id, lease.device_index, lease.memory_bytes, lease.granted_priority,
+            # A lease awaiting re-claim cannot be asked to release (nobody would hear it): never a victim.
+            placement.LeaseView(lease.lease_id, lease.device_index, lease.memory_bytes,
+                                INT32_MAX if lease.state is LeaseState.AWAITING_RECLAIM else lease.granted_priority,
                                 preempting=lease.state is LeaseState.PREEMPTING)
             for lease in self._leases.values()
         ]
@@ -524,7 +602,7 @@ class LeaseBook:
 
     def _free(self, lease: LeaseRecord, now: float, kind: TransitionKind, detail: str) -> Released:
         del self._leases[lease.lease_id]
-        del self._lease_of_request[lease.request_id]
+        self._lease_of_request.pop(lease.request_id, None)
         held = now - lease.granted_at
         self._transition(now, kind, request_id=lease.request_id, lease_id=lease.lease_id, holder=lease.holder,
                          device_index=lease.device_index, detail=f"{detail} after {held:.3f}s")

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from gpu_broker.lease_journal import LeaseJournal
 from gpu_broker.lease_book import (
     AcquireSpec,
     CancelOutcome,
@@ -45,9 +46,10 @@ class _Watcher:
 
 
 class LeaseHub:
-    def __init__(self, book: LeaseBook, clock=time.time):
+    def __init__(self, book: LeaseBook, clock=time.time, journal: LeaseJournal | None = None):
         self.book = book
         self.clock = clock
+        self.journal = journal  # None: leases are not kept across a restart
         self._streams: dict[str, asyncio.Queue] = {}
         self._watchers: set[_Watcher] = set()
         self._wake = asyncio.Event()
@@ -119,8 +121,10 @@ class LeaseHub:
             self._watchers.discard(watcher)
 
     async def shutdown(self) -> None:
-        """Ends every Acquire stream with UNAVAILABLE and every watcher, then stops the timer."""
+        """Ends every Acquire stream with UNAVAILABLE and every watcher, then stops the timer. The journal keeps
+        the leases as they were: their holders may still use the memory when a broker starts again."""
         self._closed = True
+        self.journal = None
         self.book.shutdown(self.clock(), Unavailable(
             "broker is shutting down; the lease is void. Acquire again once it is back", reason="BROKER_SHUTTING_DOWN"))
         self._drain()
@@ -133,7 +137,15 @@ class LeaseHub:
     # ---- internals ------------------------------------------------------------------------
 
     def _drain(self) -> None:
-        """Delivers the book's notices to their streams and its transitions to the log and watchers."""
+        """Writes the lease set to the journal if it changed, then delivers the book's notices to their streams and
+        its transitions to the log and watchers. The journal is written before any grant is delivered, so a holder
+        never computes under a lease a restarted broker would not know."""
+        if self.journal is not None:
+            try:
+                self.journal.save(self.book.journal())
+            except OSError as e:  # the books still hold; a restart now would forget these leases
+                log.error("lease journal not written", extra={"fields": {
+                    "event": "broker.journal_write_failed", "path": str(self.journal.path), "error": str(e)}})
         for notice in self.book.outbox:
             queue = self._streams.get(notice.request_id)
             if queue is not None:

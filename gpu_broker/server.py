@@ -1,12 +1,14 @@
 """Builds and runs the broker server."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from gpu_broker.inventory import DeviceInfo
 from gpu_broker.lease_book import BrokerPolicy, LeaseBook
 from gpu_broker.lease_hub import LeaseHub
+from gpu_broker.lease_journal import LeaseJournal
 from gpu_broker.request_rules import RULES
 from gpu_broker.servicer import BrokerServicer
 from service_kit.security import ServerSecurity
@@ -26,9 +28,14 @@ class BrokerServer:
 
 
 async def create_broker_server(listen: str, devices: list[DeviceInfo], policy: BrokerPolicy | None = None,
-                               security: ServerSecurity | None = None) -> BrokerServer:
-    """Starts a broker on `listen` (port 0 picks a free port) over the given inventory."""
-    hub = LeaseHub(LeaseBook(devices, policy))
+                               security: ServerSecurity | None = None,
+                               journal: LeaseJournal | None = None) -> BrokerServer:
+    """Starts a broker on `listen` (port 0 picks a free port) over the given inventory. With a journal, the
+    leases it holds are kept for their holders to re-claim (raises JournalError for one it cannot read)."""
+    book = LeaseBook(devices, policy)
+    if journal is not None:
+        book.restore(LeaseBook.leases_from_journal(journal.load()), time.time())
+    hub = LeaseHub(book, journal=journal)
 
     def register(server):
         broker_pb2_grpc.add_GpuBrokerServiceServicer_to_server(BrokerServicer(hub), server)

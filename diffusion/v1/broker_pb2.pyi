@@ -22,6 +22,7 @@ class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEASE_STATE_UNSPECIFIED: _ClassVar[LeaseState]
     LEASE_STATE_ACTIVE: _ClassVar[LeaseState]
     LEASE_STATE_PREEMPTING: _ClassVar[LeaseState]
+    LEASE_STATE_AWAITING_RECLAIM: _ClassVar[LeaseState]
 
 class WaitState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -44,6 +45,8 @@ class TransitionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSITION_KIND_CANCELLED: _ClassVar[TransitionKind]
     TRANSITION_KIND_ABORT_REQUESTED: _ClassVar[TransitionKind]
     TRANSITION_KIND_FAILED: _ClassVar[TransitionKind]
+    TRANSITION_KIND_AWAITING_RECLAIM: _ClassVar[TransitionKind]
+    TRANSITION_KIND_RECLAIM_EXPIRED: _ClassVar[TransitionKind]
 
 class CancelOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +59,7 @@ WAIT_POLICY_FAIL_FAST: WaitPolicy
 LEASE_STATE_UNSPECIFIED: LeaseState
 LEASE_STATE_ACTIVE: LeaseState
 LEASE_STATE_PREEMPTING: LeaseState
+LEASE_STATE_AWAITING_RECLAIM: LeaseState
 WAIT_STATE_UNSPECIFIED: WaitState
 WAIT_STATE_QUEUED: WaitState
 WAIT_STATE_PREEMPTING: WaitState
@@ -72,6 +76,8 @@ TRANSITION_KIND_HOLDER_LOST: TransitionKind
 TRANSITION_KIND_CANCELLED: TransitionKind
 TRANSITION_KIND_ABORT_REQUESTED: TransitionKind
 TRANSITION_KIND_FAILED: TransitionKind
+TRANSITION_KIND_AWAITING_RECLAIM: TransitionKind
+TRANSITION_KIND_RECLAIM_EXPIRED: TransitionKind
 CANCEL_OUTCOME_UNSPECIFIED: CancelOutcome
 CANCEL_OUTCOME_REMOVED_FROM_QUEUE: CancelOutcome
 CANCEL_OUTCOME_ABORT_REQUESTED: CancelOutcome
@@ -87,18 +93,20 @@ class Holder(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., purpose: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("holder", "device_index", "memory_bytes", "wait_policy", "release_grace")
+    __slots__ = ("holder", "device_index", "memory_bytes", "wait_policy", "release_grace", "reclaim_lease_id")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_POLICY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_GRACE_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     holder: Holder
     device_index: int
     memory_bytes: int
     wait_policy: WaitPolicy
     release_grace: _duration_pb2.Duration
-    def __init__(self, holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., wait_policy: _Optional[_Union[WaitPolicy, str]] = ..., release_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    reclaim_lease_id: str
+    def __init__(self, holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., wait_policy: _Optional[_Union[WaitPolicy, str]] = ..., release_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reclaim_lease_id: _Optional[str] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
     __slots__ = ("sequence", "time", "request_id", "queued", "preempting", "granted", "preempt_requested", "preempt_withdrawn", "abort_requested", "released")
@@ -179,7 +187,7 @@ class LeaseReleased(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., held: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority", "owner")
+    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority", "owner", "reclaim_deadline")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +200,7 @@ class Lease(_message.Message):
     MISSED_PREEMPT_DEADLINES_FIELD_NUMBER: _ClassVar[int]
     GRANTED_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     holder: Holder
@@ -204,7 +213,8 @@ class Lease(_message.Message):
     missed_preempt_deadlines: int
     granted_priority: int
     owner: str
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    reclaim_deadline: _timestamp_pb2.Timestamp
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ..., owner: _Optional[str] = ..., reclaim_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id",)

@@ -213,3 +213,44 @@ def test_the_broker_serves_a_bounded_number_of_watchers():
             await w.aclose()
 
     asyncio.run(main())
+
+
+def restored_book(window=60.0, **journal_overrides):
+    """A book that ran one lease of 16 GiB, then a fresh book restored from its journal at t=100."""
+    first = book(reclaim_window_s=window)
+    r = first.submit(spec("inference-0", prio=5, mem=16 * G), now=0)
+    lease_id = first.lease_for_request(r).lease_id
+    entries = [{**e, **journal_overrides} for e in first.journal()]
+    second = book(reclaim_window_s=window, aging_interval_s=0)
+    second.restore(LeaseBook.leases_from_journal(entries), now=100)
+    return second, lease_id
+
+
+@pytest.mark.parametrize("ask, reclaimed", [
+    (dict(mem=16 * G), True),
+    (dict(mem=16 * G, owner="mallory"), False),  # another identity cannot take it over
+    (dict(mem=8 * G), False),  # a different budget is a new request
+    (dict(mem=16 * G, device_index=0), True),
+])
+def test_a_journaled_lease_is_reclaimed_only_by_its_holder(ask, reclaimed):
+    b, lease_id = restored_book()
+    owner = ask.pop("owner", "anonymous")
+    r = b.submit(AcquireSpec(Holder("inference-0"), memory_bytes=ask.pop("mem"), owner=owner,
+                             reclaim_lease_id=lease_id, **ask), now=101)
+    got = b.lease_for_request(r)
+    assert (got is not None and got.lease_id == lease_id) is reclaimed
+    state = b.snapshot(101)
+    assert state.leased_bytes[0] >= 16 * G  # the journaled memory is never lent twice
+    if not reclaimed:
+        assert b._leases[lease_id].state is LeaseState.AWAITING_RECLAIM
+
+
+def test_memory_awaiting_reclaim_is_neither_lent_nor_preempted_until_the_window_ends():
+    b, lease_id = restored_book(window=60)
+    r = b.submit(spec("urgent", prio=2**31 - 2, mem=16 * G), now=101)  # would preempt any live holder
+    assert b.lease_for_request(r) is None and not any(isinstance(e, PreemptRequested) for e in events_for(b, r))
+    assert b.next_deadline(101) == 160
+    b.tick(now=160)
+    assert lease_id not in b._leases and b.lease_for_request(r) is not None
+    kinds = [t.kind for t in b.transitions]
+    assert kinds.index(TransitionKind.RECLAIM_EXPIRED) < len(kinds) - 1
