@@ -47,14 +47,29 @@ class EventLog:
         self.last_sequence = event["sequence"]
 
     def append(self, event: dict) -> None:
+        """Appends durably; on a write error (a full disk) the file is cut back to its last whole event and
+        the error raised: the event is not in the log."""
         line = (json.dumps(event) + "\n").encode()
         with self._lock:
-            with open(self.path, "ab") as f:
-                f.write(line)
-                f.flush()
-                os.fsync(f.fileno())
+            try:
+                with open(self.path, "ab") as f:
+                    f.write(line)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError:
+                try:
+                    os.truncate(self.path, self._size)
+                except OSError:
+                    pass  # a torn last line is skipped when the log is read
+                raise
             self._note(event, self._size)
             self._size += len(line)
+
+    def remember(self, event: dict) -> None:
+        """Keeps an event that could not be written, in memory only, so live watchers still see it."""
+        with self._lock:
+            self._tail.append(event)
+            self.last_sequence = event["sequence"]
 
     @staticmethod
     def last_sequence_on_disk(path: Path) -> int:

@@ -130,6 +130,13 @@ class JobStore:
         record.last_sequence = event["sequence"]
         return event
 
+    def remember(self, record: JobRecord, kind: str, data: dict) -> dict:
+        """An event that could not be written: kept in memory for live watchers (append failed)."""
+        event = {"sequence": record.last_sequence + 1, "time": time.time(), "kind": kind, "data": data}
+        self.log(record.job_id).remember(event)
+        record.last_sequence = event["sequence"]
+        return event
+
     def events(self, job_id: str, from_sequence: int = 0, limit: int | None = None) -> list[dict]:
         """Events from `from_sequence` on: the recent ones from memory, older ones a bounded chunk from disk."""
         return self.log(job_id).read(from_sequence, limit)
@@ -146,5 +153,9 @@ class JobStore:
 
     def _write(self, record: JobRecord) -> None:
         tmp = self.dir(record.job_id) / "job.json.tmp"
-        tmp.write_text(json.dumps(asdict(record)))
-        os.replace(tmp, self.dir(record.job_id) / "job.json")
+        try:
+            tmp.write_text(json.dumps(asdict(record)))
+            os.replace(tmp, self.dir(record.job_id) / "job.json")
+        except OSError:  # a full disk: job.json keeps its last whole version, and no temporary is left
+            tmp.unlink(missing_ok=True)
+            raise

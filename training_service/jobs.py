@@ -47,6 +47,7 @@ class JobManager:
         self._claimed: dict[str, str] = {}  # adapter id -> the running job that will publish it
         self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
         self._watching: Counter[str] = Counter()  # live WatchTraining streams per job
+        self._disk_failed: dict[str, OSError] = {}  # jobs whose events or record could not be written
 
     async def start(self, plan: TrainingPlan, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
@@ -127,9 +128,16 @@ class JobManager:
                 str(os.getpid()), cwd=PACKAGE_ROOT,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             self._procs[record.job_id] = proc
-            self.store.update(record, state="RUNNING")
+            try:
+                self.store.update(record, state="RUNNING")
+            except OSError as e:
+                self._disk_failed.setdefault(record.job_id, e)
             await self._follow(record, proc)
         finally:
+            proc = self._procs.pop(record.job_id, None)
+            if proc is not None and proc.returncode is None:  # never give the lease back under a live child
+                proc.kill()
+                await proc.wait()
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
 
@@ -188,14 +196,28 @@ class JobManager:
         return proc
 
     async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
-        """Under the watchers' lock: a watcher never sees a final state without its `finished` event."""
+        """Under the watchers' lock: a watcher never sees a final state without its `finished` event.
+
+        A write that fails (a full disk) never loses the event for live watchers: it is kept in memory, the
+        job is marked as unable to record (its child is then stopped, see _follow), and the error logged."""
         async with self._changed:
             if kind == "finished":
-                self._finish(record, data)
-            self.store.append(record, kind, data)
+                try:
+                    self._finish(record, data)
+                except OSError as e:  # job.json kept its last whole version; the state is right in memory
+                    self._disk_failed.setdefault(record.job_id, e)
+            try:
+                self.store.append(record, kind, data)
+            except OSError as e:
+                self._disk_failed.setdefault(record.job_id, e)
+                self.store.remember(record, kind, data)
+                log.error("job event not written", extra={"fields": {
+                    "event": "training.event_not_written", "job_id": record.job_id, "kind": kind, "error": str(e)}})
             self._changed.notify_all()
 
     async def _follow(self, record: JobRecord, proc) -> None:
+        """Records the child's events until it exits. A job whose events cannot be written (a full disk) is
+        stopped at once: nothing may train that the job's record does not show."""
         finished = None
         stderr_task = asyncio.get_running_loop().create_task(proc.stderr.read())
         async for line in proc.stdout:
@@ -203,16 +225,34 @@ class JobManager:
                 msg = json.loads(line)
             except ValueError:
                 continue
-            if msg["kind"] == "step":
-                self.store.update(record, steps_completed=msg["data"]["step"])
             if msg["kind"] == "finished":
                 finished = msg["data"]
+            if msg["kind"] == "step":
+                try:
+                    self.store.update(record, steps_completed=msg["data"]["step"])
+                except OSError as e:
+                    self._disk_failed.setdefault(record.job_id, e)
+            if record.job_id in self._disk_failed:
+                if proc.returncode is None:
+                    proc.kill()
+                continue  # read what it wrote before it died, so it never blocks on a full pipe
             await self._append(record, msg["kind"], msg["data"])
         code = await proc.wait()
         stderr = (await stderr_task).decode(errors="replace")[-STDERR_TAIL:]
-        (self.store.dir(record.job_id) / "trainer.stderr").write_text(stderr)  # kept for the operator
+        try:
+            (self.store.dir(record.job_id) / "trainer.stderr").write_text(stderr)  # kept for the operator
+        except OSError:
+            pass
         self._procs.pop(record.job_id, None)
-        if finished is None:
+        disk_error = self._disk_failed.pop(record.job_id, None)
+        if disk_error is not None:
+            why = (f"the job's files could not be written ({disk_error.strerror or disk_error}); it was stopped so "
+                   "that nothing trains unrecorded. Free space on the service's --output-dir" +
+                   self.store.resume_hint(record))
+            await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
+                                                    "message": why})
+            self._disk_failed.pop(record.job_id, None)
+        elif finished is None:
             why = _trainer_end(code, stderr)
             why += self.store.resume_hint(record)
             await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,

@@ -388,11 +388,15 @@ class LoraRecipe:
         staging = directory.with_name(directory.name + ".staging")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        torch.save({"lora": self.lora_state(), "optimizer": self.optimizer.state_dict(),
-                    "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
-                    "scaler": self.scaler.state_dict() if self.scaler else None,
-                    "step": self.state.step, "losses": self.state.losses}, staging / "state.pt")
-        (staging / "identity.json").write_text(json.dumps(self.cfg.identity(), sort_keys=True))
+        try:
+            torch.save({"lora": self.lora_state(), "optimizer": self.optimizer.state_dict(),
+                        "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
+                        "scaler": self.scaler.state_dict() if self.scaler else None,
+                        "step": self.state.step, "losses": self.state.losses}, staging / "state.pt")
+            (staging / "identity.json").write_text(json.dumps(self.cfg.identity(), sort_keys=True))
+        except BaseException:  # a full disk: the previous checkpoint stays, and no half-written one is left
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             os.replace(directory, old)

@@ -218,3 +218,27 @@ def test_a_rerun_reads_texts_and_latents_from_the_encode_cache(tiny_models, exam
     run(config(tiny_models, copied, encode_cache_dir=cache, resolution=64), runs[2])
     assert notes(runs[2])["caching_latents"] == "4 images: 3 from the encode cache, 1 encoded"
     assert notes(runs[2])["encoding_text"] == "4 texts: 4 from the encode cache, 0 encoded"
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_and_no_staging(tiny_models, examples, tmp_path):
+    """identity.json is pointed at /dev/full (ENOSPC, as on a full disk) for the second save."""
+    import os
+
+    recipe = run(config(tiny_models, examples, steps=2))
+    checkpoint = recipe.save_checkpoint(tmp_path / "ckpt")
+    before = (checkpoint / "identity.json").read_text()
+    staging = tmp_path / "ckpt.staging"
+    real_mkdir = type(staging).mkdir
+
+    def mkdir_then_fill(self, *args, **kwargs):  # the staging folder is created, then its file lands on /dev/full
+        real_mkdir(self, *args, **kwargs)
+        if self == staging:
+            os.symlink("/dev/full", self / "identity.json")
+
+    type(staging).mkdir = mkdir_then_fill
+    try:
+        with pytest.raises(OSError):
+            recipe.save_checkpoint(tmp_path / "ckpt")
+    finally:
+        type(staging).mkdir = real_mkdir
+    assert not staging.exists() and (checkpoint / "identity.json").read_text() == before

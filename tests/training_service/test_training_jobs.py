@@ -397,3 +397,50 @@ def test_a_killed_service_takes_its_trainer_children_with_it(tiny_models, dirs, 
     while child_alive():
         assert time.monotonic() < deadline, "the trainer child outlived its service"
         time.sleep(0.05)
+
+
+def test_a_full_disk_stops_the_job_records_why_and_leaves_nothing_running(tiny_models, dirs, tmp_path):
+    """The job's event log and record are pointed at /dev/full (every write fails with ENOSPC, as on a full
+    disk) while the job trains. Before: the job was FAILED in memory only, a watcher never got `finished`,
+    the child trained on without being read (then blocked on its pipe) and SIGTERM of the service hung."""
+    import os
+    import threading
+
+    proc, channel, stub = _service_on(tmp_path / "out", dirs)
+    stopped = False
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=100_000)).job_id
+        job_dir = tmp_path / "out" / "jobs" / job_id
+        seen, done = [], threading.Event()
+
+        def watch():
+            for event in stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120):
+                seen.append(event)
+            done.set()
+
+        threading.Thread(target=watch, daemon=True).start()
+        deadline = time.monotonic() + 60
+        while not any(e.WhichOneof("event") == "step" for e in seen):
+            assert time.monotonic() < deadline, "the job never stepped"
+            time.sleep(0.05)
+        for name in ("events.jsonl", "job.json.tmp"):
+            link = job_dir / f"{name}.full"
+            os.symlink("/dev/full", link)
+            os.replace(link, job_dir / name)
+        assert done.wait(60), "a watcher attached before the failure never saw the job end"
+        finished = seen[-1].finished
+        assert finished.state == pb.TRAINING_JOB_STATE_FAILED and "could not be written" in finished.message
+        assert subprocess.run(["pgrep", "-f", f"trainer_child .*{job_id}"], capture_output=True).returncode == 1
+        assert stub.GetTrainingJob(pb.GetTrainingJobRequest(job_id=job_id)).job.state == pb.TRAINING_JOB_STATE_FAILED
+        with pytest.raises(grpc.RpcError) as e:
+            stub.StopTraining(pb.StopTrainingRequest(job_id=job_id))
+        assert error_info(e.value).reason == "JOB_ENDED"
+        assert not (job_dir / "job.json.tmp").exists()  # the failed record write left no temporary behind
+        started = time.monotonic()
+        proc.stop()
+        stopped = True
+        assert time.monotonic() - started < 15  # SIGTERM drains at once: no child is left to wait for
+    finally:
+        channel.close()
+        if not stopped:
+            proc.stop()
