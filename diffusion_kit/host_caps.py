@@ -5,8 +5,9 @@ capability's answer. Tests build HostCaps directly instead of monkeypatching tor
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -156,3 +157,52 @@ def probe_host(optimizers: bool = False) -> HostCaps:
         ok, failures = smoke_probe_schemes(caps)
         caps = replace(caps, quant_schemes=frozenset(ok), quant_failures=failures)
     return caps
+
+
+def caps_to_json(caps: HostCaps) -> str:
+    data = asdict(caps)
+    data["quant_schemes"] = sorted(caps.quant_schemes)
+    return json.dumps(data)
+
+
+def caps_from_json(text: str) -> HostCaps:
+    data = json.loads(text)
+    data["capability"] = tuple(data["capability"]) if data.get("capability") else None
+    data["quant_schemes"] = frozenset(data.get("quant_schemes", ()))
+    return HostCaps(**data)
+
+
+def probe_host_in_child(optimizers: bool = False, timeout_s: float = 600) -> HostCaps:
+    """probe_host in a short-lived child process, so the caller never creates a CUDA context.
+
+    For a process that computes nothing on the device itself (the training service's parent: its jobs
+    run in their own processes): a context there would hold device memory that no lease covers."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "diffusion_kit.host_caps"] + (["--optimizers"] if optimizers else [])
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(_MARK)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the host probe failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    return caps_from_json(lines[-1].removeprefix(_MARK))
+
+
+def nvml_free_bytes(device_index: int = 0):
+    """A function returning the device's free bytes as NVML sees them (no CUDA context), or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+    except Exception:  # no NVML library or no NVIDIA device
+        return None
+    return lambda: int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+
+
+_MARK = "HOSTCAPS "
+
+if __name__ == "__main__":
+    import sys
+
+    print(_MARK + caps_to_json(probe_host(optimizers="--optimizers" in sys.argv[1:])), flush=True)

@@ -64,7 +64,8 @@ class PrecisionFacts:
     needs: str  # "" | "fp8" (compute capability 8.9+) | "blackwell" (10.0+)
 
 
-# bits per weight: fp8/int8 keep a scale per row and skip the small layers (8.5); the 4-bit formats 4.5.
+# bits per weight: fp8/int8 keep a scale per row and skip the small layers (8.5); nvfp4 4.5; bitsandbytes nf4
+# keeps more of the model dense (5.5: an nf4 Z-Image used 16.8 GiB under a lease sized at 4.5 bits, 16.5).
 # Training bytes per parameter are fitted so weights + activations cover the measured step peaks of
 # FLUX and Z-Image on an H200 (docs/bench/training.md); fp8 keeps the bf16 weight plus an fp8 copy
 # saved for the backward pass, hence above bf16.
@@ -74,7 +75,7 @@ TABLE: dict[Precision, PrecisionFacts] = {
     Precision.BF16: PrecisionFacts(c.PRECISION_BF16, True, "bfloat16", 16, 2.0, True, False, None, ""),
     Precision.FP16: PrecisionFacts(c.PRECISION_FP16, True, "float16", 16, 2.0, True, False, None, ""),
     Precision.FP32: PrecisionFacts(c.PRECISION_FP32, True, "float32", 32, 4.0, True, False, None, ""),
-    Precision.NF4: PrecisionFacts(c.PRECISION_NF4, False, "bfloat16", 4.5, 0.85, False, False, "bitsandbytes", ""),
+    Precision.NF4: PrecisionFacts(c.PRECISION_NF4, False, "bfloat16", 5.5, 0.85, False, False, "bitsandbytes", ""),
     Precision.INT8: PrecisionFacts(c.PRECISION_INT8, False, "bfloat16", 8.5, 1.15, False, True, "torchao", ""),
     Precision.FP8: PrecisionFacts(c.PRECISION_FP8, False, "bfloat16", 8.5, 2.5, True, True, "torchao", "fp8"),
     Precision.MXFP8: PrecisionFacts(c.PRECISION_MXFP8, False, "bfloat16", 8.5, 2.5, True, True, "torchao",

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from gpu_broker.inventory import InventoryError, parse_fake_devices, probe_cuda_devices
+from gpu_broker.inventory import InventoryError, parse_fake_devices, parse_size, probe_cuda_devices, set_aside
 from service_kit.units import format_bytes
 from gpu_broker.lease_book import BrokerPolicy
 from gpu_broker.lease_journal import JournalError, LeaseJournal
@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
     p.add_argument("--fake-devices", metavar="NxSIZE",
                    help="lease a configured fake inventory instead of the real GPUs, e.g. 2x24GiB")
+    p.add_argument("--context-reserve", metavar="SIZE",
+                   help="memory set aside on each device for the CUDA contexts of the service processes, which they "
+                        "hold with or without a lease (about 0.7 GiB each on an H200; docs/bench/lease_usage.jsonl); "
+                        "leases are granted from the rest. Default 1GiB for real devices (one inference service per "
+                        "device; the training service's parent holds none), 0 for --fake-devices")
     p.add_argument("--default-release-grace", type=_seconds, default=10.0, metavar="SECONDS",
                    help="how long a preempted holder has to release when it asked for no grace (default 10s)")
     p.add_argument("--max-release-grace", type=_seconds, default=600.0, metavar="SECONDS",
@@ -58,6 +63,8 @@ async def _main(args: argparse.Namespace, security) -> None:
         except InventoryError as e:
             devices, source = [], "none"
             log.warning("no devices to lease", extra={"fields": {"reason": str(e)}})
+    reserve = parse_size(args.context_reserve) if args.context_reserve else (0 if args.fake_devices else 2**30)
+    devices = set_aside(devices, reserve)
     policy = BrokerPolicy(default_release_grace_s=args.default_release_grace,
                           max_release_grace_s=args.max_release_grace, aging_interval_s=args.aging_interval,
                           max_waiters=args.max_waiters, reclaim_window_s=args.reclaim_window)
@@ -69,7 +76,8 @@ async def _main(args: argparse.Namespace, security) -> None:
         raise SystemExit(f"gpu_broker: {e}") from None
     log.info("broker started", extra={"fields": {
         "event": "broker.started", "port": broker.port, "inventory": source,
-        "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices]}})
+        "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices],
+        "context_reserve": format_bytes(reserve)}})
     announce("gpu_broker", args.listen, broker.port)
     await serve_until_signalled(broker.running, args.shutdown_grace)
 
@@ -80,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.fake_devices:
             parse_fake_devices(args.fake_devices)
+        if args.context_reserve:
+            parse_size(args.context_reserve)
     except InventoryError as e:
         parser.error(str(e))
     security = server_security(args, parser)

@@ -38,6 +38,22 @@ def parse_fake_devices(spec: str) -> list[DeviceInfo]:
     return devices
 
 
+def parse_size(text: str) -> int:
+    """'1GiB' -> 1073741824; '0' -> 0."""
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*$", text, re.IGNORECASE)
+    if not m:
+        raise InventoryError(f"wants a size such as 1GiB or 512MiB, got {text.strip()!r}")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
+
+
+def set_aside(devices: list[DeviceInfo], reserve_bytes: int) -> list[DeviceInfo]:
+    """The devices as the broker lends them: each one's memory less what is set aside for the CUDA contexts
+    that no lease covers (a service process holds its context for its whole life, model or not)."""
+    if any(d.total_bytes <= reserve_bytes for d in devices):
+        raise InventoryError(f"--context-reserve {reserve_bytes} bytes leaves nothing to lend on a device")
+    return [DeviceInfo(d.index, d.name, d.uuid, d.total_bytes - reserve_bytes) for d in devices]
+
+
 def probe_cuda_devices() -> list[DeviceInfo]:
     """The host's NVIDIA devices, through NVML (no CUDA context is created in the broker).
 

@@ -226,7 +226,7 @@ class InferenceEngine:
         """Free memory measured now, counting what the resident model will give back when replaced."""
         if self._probe_free is None:
             return self.caps
-        mine = self._model.plan.memory.device_bytes if self._model else 0
+        mine = self._model.plan.lease_bytes if self._model else 0
         return self.caps.with_free(self._probe_free() + mine)
 
     async def _check_grantable(self, req: LoadRequest, plan: LoadPlan) -> None:
@@ -245,8 +245,8 @@ class InferenceEngine:
                                   f"0..{len(devices) - 1}", reason="UNKNOWN_DEVICE", field="device_index")
         pool = [devices[req.device_index]] if req.device_index is not None else devices
         largest = max((d.total_bytes for d in pool), default=0)
-        if plan.memory.device_bytes > largest:
-            raise ResourceExhausted(f"{plan.model_id} needs {plan.memory.device_bytes / 2**30:.1f} GiB; the largest "
+        if plan.lease_bytes > largest:
+            raise ResourceExhausted(f"{plan.model_id} needs {plan.lease_bytes / 2**30:.1f} GiB; the largest "
                                     f"device it may use has {largest / 2**30:.1f} GiB", reason="NEVER_FITS")
 
     def _check_may_replace(self, caller: Caller, what: str) -> None:
@@ -272,7 +272,7 @@ class InferenceEngine:
                 self._load_abort = abort
                 lease = None
                 if self.broker is not None:
-                    emit("waiting_for_gpu", f"asking the broker for {plan.memory.device_bytes / 2**30:.1f} GiB")
+                    emit("waiting_for_gpu", f"asking the broker for {plan.lease_bytes / 2**30:.1f} GiB")
                     lease = await self._acquire(req, plan, abort)
                 try:
                     built = await loop.run_in_executor(self._worker, partial(pipeline_builder.build, plan, emit, abort))
@@ -302,7 +302,7 @@ class InferenceEngine:
             abort.set()
 
         request = LeaseRequest(self.client_id, purpose=f"inference: {plan.model_id} ({plan.family.display})",
-                               priority=req.priority, memory_bytes=plan.memory.device_bytes,
+                               priority=req.priority, memory_bytes=plan.lease_bytes,
                                device_index=req.device_index)
         ctx = self.broker.lease(request, on_preempt=self._on_preempt, on_abort=on_abort)
         try:

@@ -67,7 +67,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     _check(abort, "building")
 
     resident = plan.memory.mode == "resident"
-    if resident and plan.device != "cpu":
+    if resident and plan.device != "cpu" and plan.quantize_on_device:
         pipe.to(plan.device)  # quantise on the device: seconds instead of minutes on the CPU
     if (plan.quant.transformer and plan.quant.transformer.facts.library == "torchao") or plan.quant.text_encoder:
         on_phase("quantizing", f"transformer {plan.quant.transformer or 'dense'}, text encoder "

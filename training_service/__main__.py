@@ -57,19 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security, broker_security) -> None:
-    from diffusion_kit.host_caps import probe_host
+    from diffusion_kit.host_caps import nvml_free_bytes, probe_host_in_child
 
-    caps = await asyncio.to_thread(probe_host, optimizers=True)
+    # Probed in a child: this process computes nothing on the device (each job runs in its own process), and a
+    # CUDA context here would hold memory no lease covers.
+    caps = await asyncio.to_thread(probe_host_in_child, optimizers=True)
     broker = None
     if args.broker:
         from gpu_broker.client import BrokerClient
 
         broker = BrokerClient(args.broker, broker_security)
     probe_free = None
-    if caps.device_kind == "cuda":  # AUTO and the memory note read the device as it is at each request
-        import torch
-
-        probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
+    if caps.device_kind == "cuda":  # AUTO and the memory note read the device as it is at each request (NVML)
+        probe_free = nvml_free_bytes(0)
+        if probe_free is None:
+            log.warning("NVML is not available: AUTO and the memory note use the free memory measured at start",
+                        extra={"fields": {"event": "training.no_nvml"}})
     running = await create_training_server(args.listen, caps, args.output_dir, args.adapter_store, broker,
                                            args.client_id, args.compile_backend, args.drain_timeout,
                                            args.checkpoint_minutes, probe_free,

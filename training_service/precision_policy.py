@@ -32,6 +32,12 @@ ACTIVATIONS = {"zimage": (int(19.9 * GiB), 768), "flux1": (int(8.3 * GiB), 512),
 # Checkpointed blocks keep only their inputs. A conservative estimate of what is left, not a measurement.
 CHECKPOINTED_ACTIVATIONS = 0.25
 HEADROOM = 1.2
+# What a lease must cover beyond the step's estimated tensors: the trainer process's CUDA context (with
+# cuBLAS and cuDNN workspaces; about 0.7 GiB per process on an H200) and the caching allocator's blocks
+# kept between a step's peaks (its reserved bytes exceed the allocated peak). Checked against NVML on an
+# H200 in docs/bench/lease_usage.jsonl.
+CONTEXT_BYTES = 1 * GiB
+ALLOCATOR_MARGIN = 1.1
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,13 @@ def check_fits(caps: HostCaps, family: FamilySpec, precision: Precision, denoise
             f"{caps.device_name} has {format_bytes(caps.total_bytes)} in all. Try {', or '.join(ideas)}",
             reason="NEVER_FITS", metadata={"estimated_bytes": str(need), "total_bytes": str(caps.total_bytes)})
     return need
+
+
+def lease_bytes(need: int, caps: HostCaps) -> int:
+    """What a job asks the broker for: its estimated peak, plus the context and allocator margin on a GPU."""
+    if caps.device_kind != "cuda":
+        return need
+    return int(need * ALLOCATOR_MARGIN) + CONTEXT_BYTES
 
 
 def memory_relief(shape: StepShape, *, nf4: bool) -> list[str]:

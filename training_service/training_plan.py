@@ -40,7 +40,7 @@ class TrainingPlan:
     JobManager.start adds), what to ask the broker for, and one record per decision."""
     recipe: RecipeConfig
     family: FamilySpec
-    need_bytes: int  # the job's estimated peak, what it asks the broker for
+    need_bytes: int  # what the job asks the broker for: its estimated peak, context and allocator margin
     priority: int
     resume_job_id: str
     resolved: tuple[Resolved, ...]
@@ -111,7 +111,7 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
     shape = precision_policy.StepShape(resolution, req.batch_size or 1, req.gradient_checkpointing)
     precision, record = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized,
                                                  shape, params)
-    need = precision_policy.check_fits(caps, family, precision, params, shape)
+    need = precision_policy.lease_bytes(precision_policy.check_fits(caps, family, precision, params, shape), caps)
     examples = dataset.discover(req.image_dir, req.instance_prompt, dataset_roots)
     run = resolve_run(req, caps, family, precision, record, examples[0].caption)
     check_output(output_root)

@@ -70,3 +70,20 @@ def test_broker_without_devices_answers_failed_precondition(start_broker):
     finally:
         client.close()
         proc.stop()
+
+
+@pytest.mark.parametrize("text, size", [("1GiB", 2**30), ("512MiB", 2**29), ("0", 0), ("1.5GB", 1_500_000_000)])
+def test_sizes_parse(text, size):
+    from gpu_broker.inventory import parse_size
+
+    assert parse_size(text) == size
+
+
+def test_context_reserve_is_taken_off_what_the_broker_lends(start_broker):
+    _, client = start_broker("--context-reserve", "1GiB", fake_devices="1x24GiB")
+    [device] = client.status().devices
+    assert device.total_bytes == 23 * 2**30
+    from gpu_broker.inventory import InventoryError, parse_fake_devices, set_aside
+
+    with pytest.raises(InventoryError):
+        set_aside(parse_fake_devices("1x1GiB"), 2**30)

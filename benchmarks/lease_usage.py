@@ -1,0 +1,199 @@
+"""What each holder really uses on the GPU, against its broker lease. Run on a GPU host.
+
+    python -m benchmarks.lease_usage --family zimage --workdir /tmp/bench --out docs/bench/lease_usage.jsonl
+
+Starts a broker on the real NVML inventory, the inference and the training service under it, and for
+each mode loads (or trains) a full-size random-weight model while a thread samples NVML every 50 ms:
+the memory of every process on the device, and the device's used memory. Per mode it records the
+peak of each service process (the inference service, the training service's parent, the trainer
+child) against the bytes its lease holds, and the ratio; the promise is that no ratio exceeds 1.0.
+Also the memory each service process holds with no lease at all (its CUDA context, if any).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from benchmarks.bench_record import Recorder, host_description
+from benchmarks.training_bench import ensure_base, make_dataset
+from diffusion.v1 import broker_pb2, broker_pb2_grpc
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2 as ipb
+from diffusion.v1 import inference_pb2_grpc
+from diffusion.v1 import training_pb2 as tpb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+
+GiB = 2**30
+INFERENCE_MODES = {
+    "bf16-off": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_OFF),
+    "bf16-default": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp8-default": dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "int8-off": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_OFF),
+    "nf4-off": dict(transformer_precision=c.PRECISION_NF4, speed_mode=c.SPEED_MODE_OFF),
+    "balanced-off": dict(memory_mode=c.MEMORY_MODE_BALANCED, speed_mode=c.SPEED_MODE_OFF),
+    "low_vram-off": dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
+    "sequential-off": dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
+}
+TRAINING_MODES = {"nf4": c.PRECISION_NF4, "bf16": c.PRECISION_BF16, "int8": c.PRECISION_INT8,
+                  "fp8": c.PRECISION_FP8}
+
+
+class Sampler:
+    """NVML, every 50 ms: per process used bytes (peak since the last reset), and the device's used bytes."""
+
+    def __init__(self, index: int = 0):
+        import pynvml
+
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        self.lock = threading.Lock()
+        self.peaks: dict[int, int] = {}
+        self.device_peak = 0
+        self.stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def now(self) -> dict[int, int]:
+        procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
+        return {p.pid: int(p.usedGpuMemory or 0) for p in procs}
+
+    def device_used(self) -> int:
+        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            procs, used = self.now(), self.device_used()
+            with self.lock:
+                for pid, b in procs.items():
+                    self.peaks[pid] = max(self.peaks.get(pid, 0), b)
+                self.device_peak = max(self.device_peak, used)
+            time.sleep(0.05)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.peaks, self.device_peak = {}, 0
+
+    def peak(self, pids) -> int:
+        with self.lock:
+            return sum(self.peaks.get(p, 0) for p in pids)
+
+
+def lease_bytes(broker, client_id: str) -> int:
+    state = broker.Status(broker_pb2.StatusRequest(), timeout=10).state
+    return sum(x.memory_bytes for x in state.leases if x.holder.client_id == client_id)
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(x) for x in out]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="zimage")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/lease-usage"))
+    p.add_argument("--out", type=Path)
+    p.add_argument("--inference-modes", default=",".join(INFERENCE_MODES))
+    p.add_argument("--training-modes", default=",".join(TRAINING_MODES))
+    p.add_argument("--deadline-s", type=float, default=1e9, help="stop starting modes after this many seconds")
+    args = p.parse_args()
+    started = time.monotonic()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    base = ensure_base(args.workdir, args.family, tiny=False)
+    resolution = 768 if args.family in ("zimage", "qwen_image") else 512
+    data = make_dataset(args.workdir / f"data-{resolution}", resolution)
+    record = Recorder("lease-usage", args.out, args.family,
+                      "python -m benchmarks.lease_usage " + " ".join(sys.argv[1:]), host_description())
+    sampler = Sampler()
+    baseline = sampler.device_used()
+    broker_proc = start_service("gpu_broker", "--log-level", "WARNING")
+    flags = ("--broker", broker_proc.address, "--log-level", "WARNING", "--model-root", str(args.workdir))
+    inference = start_service("inference_service", *flags, "--compile-cache-dir", str(args.workdir / "inductor"),
+                              timeout=600)
+    training = start_service("training_service", *flags, "--dataset-root", str(args.workdir),
+                             "--output-dir", str(args.workdir / "out"), "--adapter-store",
+                             str(args.workdir / "adapters"), timeout=600)
+    broker = broker_pb2_grpc.GpuBrokerServiceStub(grpc.insecure_channel(broker_proc.address, options=CLIENT_OPTIONS))
+    infer = inference_pb2_grpc.InferenceServiceStub(grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS))
+    train = training_pb2_grpc.TrainingServiceStub(grpc.insecure_channel(training.address, options=CLIENT_OPTIONS))
+    try:
+        time.sleep(1.0)
+        idle = sampler.now()
+        record("idle", "unleased_bytes", sum(idle.get(x, 0) for x in (inference.proc.pid, training.proc.pid)) / GiB,
+               "GiB", inference_service=idle.get(inference.proc.pid, 0) / GiB,
+               training_service=idle.get(training.proc.pid, 0) / GiB,
+               device_used_over_baseline=(sampler.device_used() - baseline) / GiB,
+               note="what the service processes hold on the device with no lease (CUDA contexts)")
+        for mode in args.inference_modes.split(","):
+            if time.monotonic() - started > args.deadline_s:
+                break
+            sampler.reset()
+            req = ipb.LoadRequest(model_id=mode, source=c.ModelSource(local_dir=str(base)), **INFERENCE_MODES[mode])
+            try:
+                list(infer.Load(req, timeout=900))
+                lease = lease_bytes(broker, "inference-0")
+                list(infer.Generate(ipb.GenerateRequest(model_id=mode, prompt="a lighthouse at dusk", width=1024,
+                                                        height=1024, steps=4, seeds=[1]), timeout=900))
+            except grpc.RpcError as e:
+                record(f"inference {mode}", "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
+                continue
+            used = sampler.peak([inference.proc.pid])
+            record(f"inference {mode}", "usage_over_lease", used / lease if lease else float("inf"), "ratio",
+                   used_gib=round(used / GiB, 2), lease_gib=round(lease / GiB, 2),
+                   device_peak_over_baseline_gib=round((sampler.device_peak - baseline) / GiB, 2))
+            infer.Unload(ipb.UnloadRequest(model_id=mode), timeout=300)
+        after = sampler.now()
+        record("after inference", "unleased_bytes", after.get(inference.proc.pid, 0) / GiB, "GiB",
+               note="the inference service with no model loaded and no lease: its CUDA context (and cached blocks), "
+                    "which the broker's --context-reserve sets aside")
+        seen_children: set[int] = set()
+        for mode in args.training_modes.split(","):
+            if time.monotonic() - started > args.deadline_s:
+                break
+            sampler.reset()
+            req = tpb.StartTrainingRequest(
+                family=c.Family.Value(f"FAMILY_{args.family.upper()}"), base=c.ModelSource(local_dir=str(base)),
+                dataset=tpb.Dataset(image_dir=str(data), instance_prompt="a lighthouse"),
+                base_precision=TRAINING_MODES[mode], rank=16, steps=6, resolution=resolution)
+            try:
+                job = train.StartTraining(req, timeout=600).job_id
+                lease, child_pids = 0, set()
+                for event in train.WatchTraining(tpb.WatchTrainingRequest(job_id=job), timeout=1800):
+                    lease = lease or lease_bytes(broker, "training-0")
+                    child_pids.update(set(children(training.proc.pid)) - seen_children)
+                    if event.WhichOneof("event") == "finished":
+                        finished = event.finished
+                        break
+                seen_children.update(child_pids)
+                deadline = time.monotonic() + 120  # the next mode starts once this job's child is gone and its
+                while lease_bytes(broker, "training-0") and time.monotonic() < deadline:  # lease given back
+                    time.sleep(0.2)
+            except grpc.RpcError as e:
+                record(f"training {mode}", "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
+                continue
+            if finished.state != tpb.TRAINING_JOB_STATE_SUCCEEDED:
+                record(f"training {mode}", "ran", 0, "bool", detail=finished.message[:300])
+                continue
+            used = sampler.peak([training.proc.pid, *child_pids])
+            record(f"training {mode}", "usage_over_lease", used / lease if lease else float("inf"), "ratio",
+                   used_gib=round(used / GiB, 2), lease_gib=round(lease / GiB, 2),
+                   parent_gib=round(sampler.peak([training.proc.pid]) / GiB, 2),
+                   device_peak_over_baseline_gib=round((sampler.device_peak - baseline) / GiB, 2))
+    finally:
+        sampler.stop.set()
+        for proc in (training, inference, broker_proc):
+            proc.stop()
+    print(f"done in {time.monotonic() - started:.0f}s; pid namespace {os.getpid()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
