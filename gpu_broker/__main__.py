@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "until they re-claim it; without it a restart forgets every lease")
     p.add_argument("--reclaim-window", type=_seconds, default=60.0, metavar="SECONDS",
                    help="after a restart, how long journaled leases wait for their holders (default 60s)")
+    p.add_argument("--usage-interval", type=_seconds, default=2.0, metavar="SECONDS",
+                   help="how often the real devices' per-process memory (NVML) is compared with the leases; a holder "
+                        "using more than it holds is said on Watch (OVER_LEASE). 0 disables; never with fake devices")
     p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
@@ -70,7 +73,13 @@ async def _main(args: argparse.Namespace, security) -> None:
                           max_waiters=args.max_waiters, reclaim_window_s=args.reclaim_window)
     journal = LeaseJournal(args.lease_journal) if args.lease_journal else None
     try:
-        broker = await create_broker_server(args.listen, devices, policy, security, journal)
+        usage = None
+        if source == "cuda" and args.usage_interval > 0:
+            from gpu_broker.usage_probe import NvmlUsage
+
+            usage = NvmlUsage(len(devices))
+        broker = await create_broker_server(args.listen, devices, policy, security, journal, usage,
+                                            args.usage_interval)
     except JournalError as e:
         log.error("cannot start", extra={"fields": {"event": "broker.journal_unreadable", "reason": str(e)}})
         raise SystemExit(f"gpu_broker: {e}") from None

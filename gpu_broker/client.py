@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Awaitable, Callable
 
@@ -46,7 +47,8 @@ class LeaseRequest:
 
     def to_proto(self) -> broker_pb2.AcquireRequest:
         req = broker_pb2.AcquireRequest(
-            holder=broker_pb2.Holder(client_id=self.client_id, purpose=self.purpose, priority=self.priority),
+            holder=broker_pb2.Holder(client_id=self.client_id, purpose=self.purpose, priority=self.priority,
+                                     pid=os.getpid()),
             memory_bytes=self.memory_bytes,
             wait_policy=broker_pb2.WAIT_POLICY_FAIL_FAST if self.fail_fast else broker_pb2.WAIT_POLICY_QUEUE,
             reclaim_lease_id=self.reclaim_lease_id,

@@ -35,11 +35,11 @@ def acquire_spec(req: broker_pb2.AcquireRequest) -> lb.AcquireSpec:
 
 
 def holder(msg: broker_pb2.Holder) -> lb.Holder:
-    return lb.Holder(client_id=msg.client_id, purpose=msg.purpose, priority=msg.priority)
+    return lb.Holder(client_id=msg.client_id, purpose=msg.purpose, priority=msg.priority, pid=msg.pid)
 
 
 def holder_msg(h: lb.Holder) -> broker_pb2.Holder:
-    return broker_pb2.Holder(client_id=h.client_id, purpose=h.purpose, priority=h.priority)
+    return broker_pb2.Holder(client_id=h.client_id, purpose=h.purpose, priority=h.priority, pid=h.pid)
 
 
 def lease_msg(lease: lb.LeaseRecord) -> broker_pb2.Lease:

@@ -35,6 +35,7 @@ class Holder:
     client_id: str
     purpose: str = ""
     priority: int = 0
+    pid: int = 0  # its process on this host, whose device memory (children included) counts against the lease
 
     def describe(self) -> str:
         purpose = f", {self.purpose!r}" if self.purpose else ""
@@ -80,6 +81,7 @@ class LeaseRecord:
     preempt_for: str | None = None
     missed_preempt_deadlines: int = 0
     reclaim_deadline: float | None = None  # AWAITING_RECLAIM: freed at this time unless re-claimed
+    over_lease: bool = False  # its processes were last seen using more than it holds
 
 
 @dataclass
@@ -172,6 +174,7 @@ class TransitionKind(Enum):
     FAILED = "failed"
     AWAITING_RECLAIM = "awaiting_reclaim"
     RECLAIM_EXPIRED = "reclaim_expired"
+    OVER_LEASE = "over_lease"
 
 
 @dataclass(frozen=True)
@@ -391,10 +394,25 @@ class LeaseBook:
         leases = tuple(replace(lease) for lease in sorted(self._leases.values(), key=lambda x: x.granted_at))
         return Snapshot(self.devices, leased, leases, queue, self._sequence)
 
+    def report_usage(self, used: dict[str, int], now: float) -> None:
+        """What each lease's processes use on the device (lease id -> bytes, measured): a lease whose holder
+        crosses above what it holds is said once on the timeline, and again only after it went back under."""
+        for lease_id, used_bytes in used.items():
+            lease = self._leases.get(lease_id)
+            if lease is None:
+                continue
+            over = used_bytes > lease.memory_bytes
+            if over and not lease.over_lease:
+                self._transition(now, TransitionKind.OVER_LEASE, request_id=lease.request_id, lease_id=lease_id,
+                                 holder=lease.holder, device_index=lease.device_index,
+                                 detail=f"its processes use {format_bytes(used_bytes)} of the device; the lease "
+                                        f"holds {format_bytes(lease.memory_bytes)}")
+            lease.over_lease = over
+
     def journal(self) -> list[dict]:
         """What a restarted broker needs to keep for the holders: every lease, awaiting re-claim or not."""
         return [{"lease_id": x.lease_id, "client_id": x.holder.client_id, "purpose": x.holder.purpose,
-                 "priority": x.holder.priority, "device_index": x.device_index, "memory_bytes": x.memory_bytes,
+                 "priority": x.holder.priority, "pid": x.holder.pid, "device_index": x.device_index, "memory_bytes": x.memory_bytes,
                  "exclusive": x.exclusive, "granted_at": x.granted_at, "granted_priority": x.granted_priority,
                  "release_grace_s": x.release_grace_s, "owner": x.owner}
                 for x in sorted(self._leases.values(), key=lambda x: x.lease_id)]
@@ -402,7 +420,7 @@ class LeaseBook:
     @staticmethod
     def leases_from_journal(entries: list[dict]) -> list[LeaseRecord]:
         return [LeaseRecord(lease_id=e["lease_id"], request_id="",
-                            holder=Holder(e["client_id"], e.get("purpose", ""), e.get("priority", 0)),
+                            holder=Holder(e["client_id"], e.get("purpose", ""), e.get("priority", 0), e.get("pid", 0)),
                             device_index=e["device_index"], memory_bytes=e["memory_bytes"], exclusive=e["exclusive"],
                             granted_at=e["granted_at"], granted_priority=e["granted_priority"],
                             release_grace_s=e["release_grace_s"], owner=e["owner"]) for e in entries]

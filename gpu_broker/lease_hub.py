@@ -9,9 +9,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from gpu_broker.lease_journal import LeaseJournal
+from gpu_broker.usage_probe import attribute, parent_of
 from gpu_broker.lease_book import (
     AcquireSpec,
     CancelOutcome,
@@ -46,10 +47,14 @@ class _Watcher:
 
 
 class LeaseHub:
-    def __init__(self, book: LeaseBook, clock=time.time, journal: LeaseJournal | None = None):
+    def __init__(self, book: LeaseBook, clock=time.time, journal: LeaseJournal | None = None,
+                 usage: Callable[[], dict[int, dict[int, int]]] | None = None, usage_interval_s: float = 2.0):
         self.book = book
         self.clock = clock
         self.journal = journal  # None: leases are not kept across a restart
+        self._usage = usage  # device -> {pid: bytes} (NVML); None: holders' usage is not watched
+        self._usage_interval_s = usage_interval_s
+        self._usage_task: asyncio.Task | None = None
         self._streams: dict[str, asyncio.Queue] = {}
         self._watchers: set[_Watcher] = set()
         self._wake = asyncio.Event()
@@ -58,6 +63,8 @@ class LeaseHub:
 
     def start(self) -> None:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        if self._usage is not None and self._usage_interval_s > 0:
+            self._usage_task = asyncio.get_running_loop().create_task(self._watch_usage())
 
     async def acquire(self, spec: AcquireSpec) -> AsyncIterator[Notice]:
         """Yields the stream's notices until it ends; frees whatever it held if the caller leaves."""
@@ -133,6 +140,8 @@ class LeaseHub:
                 watcher.queue.put_nowait(None)
         if self._ticker:
             self._ticker.cancel()
+        if self._usage_task:
+            self._usage_task.cancel()
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -165,6 +174,21 @@ class LeaseHub:
                 else:
                     watcher.queue.put_nowait(WatchEvent(t, snapshot, t.time))
         self._wake.set()
+
+    async def _watch_usage(self) -> None:
+        """Every interval: what each holder's processes use on its device, against its lease (read off the loop)."""
+        while True:
+            await asyncio.sleep(self._usage_interval_s)
+            try:
+                on_device = await asyncio.to_thread(self._usage)
+            except Exception as e:  # NVML hiccups must not stop the broker; say so and try again
+                log.warning("device usage not read", extra={"fields": {"event": "broker.usage_unread",
+                                                                       "error": str(e)}})
+                continue
+            holders = [(x.lease_id, x.device_index, x.holder.pid) for x in self.book.snapshot(self.clock()).leases]
+            used = await asyncio.to_thread(attribute, on_device, holders, parent_of)
+            self.book.report_usage(used, self.clock())
+            self._drain()
 
     async def _tick_forever(self) -> None:
         while True:

@@ -16,6 +16,7 @@ RULES: dict[str, Rules] = {
                            pattern_says="letters, digits, '.', '_', ':', '/', '@' or '-', starting with a letter "
                                         "or digit"),
         "purpose": Limit(max_len=256),
+        "pid": Limit(min=0, reason="BAD_PID"),
     }),
     "diffusion.v1.AcquireRequest": Rules({"holder": Limit(required=True, reason="MISSING_CLIENT_ID"),
                                           "reclaim_lease_id": OPAQUE_ID}),

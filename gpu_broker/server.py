@@ -28,14 +28,15 @@ class BrokerServer:
 
 
 async def create_broker_server(listen: str, devices: list[DeviceInfo], policy: BrokerPolicy | None = None,
-                               security: ServerSecurity | None = None,
-                               journal: LeaseJournal | None = None) -> BrokerServer:
+                               security: ServerSecurity | None = None, journal: LeaseJournal | None = None,
+                               usage=None, usage_interval_s: float = 2.0) -> BrokerServer:
     """Starts a broker on `listen` (port 0 picks a free port) over the given inventory. With a journal, the
-    leases it holds are kept for their holders to re-claim (raises JournalError for one it cannot read)."""
+    leases it holds are kept for their holders to re-claim (raises JournalError for one it cannot read). With a
+    `usage` reader (usage_probe.NvmlUsage), holders using more than their lease are said on the Watch stream."""
     book = LeaseBook(devices, policy)
     if journal is not None:
         book.restore(LeaseBook.leases_from_journal(journal.load()), time.time())
-    hub = LeaseHub(book, journal=journal)
+    hub = LeaseHub(book, journal=journal, usage=usage, usage_interval_s=usage_interval_s)
 
     def register(server):
         broker_pb2_grpc.add_GpuBrokerServiceServicer_to_server(BrokerServicer(hub), server)

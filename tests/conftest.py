@@ -30,8 +30,10 @@ def start_broker():
 
     started = []
 
-    def start(*args: str, fake_devices: str = "1x24GiB", listen: str = "127.0.0.1:0"):
-        proc = start_service("gpu_broker", "--fake-devices", fake_devices, *args, listen=listen)
+    def start(*args: str, fake_devices: str | None = "1x24GiB", listen: str = "127.0.0.1:0"):
+        """fake_devices None: the host's real devices (NVML)."""
+        inventory = ("--fake-devices", fake_devices) if fake_devices else ()
+        proc = start_service("gpu_broker", *inventory, *args, listen=listen)
         client = BrokerClientSync(proc.address)
         started.append((proc, client))
         return proc, client

@@ -47,6 +47,7 @@ class TransitionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSITION_KIND_FAILED: _ClassVar[TransitionKind]
     TRANSITION_KIND_AWAITING_RECLAIM: _ClassVar[TransitionKind]
     TRANSITION_KIND_RECLAIM_EXPIRED: _ClassVar[TransitionKind]
+    TRANSITION_KIND_OVER_LEASE: _ClassVar[TransitionKind]
 
 class CancelOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -78,19 +79,22 @@ TRANSITION_KIND_ABORT_REQUESTED: TransitionKind
 TRANSITION_KIND_FAILED: TransitionKind
 TRANSITION_KIND_AWAITING_RECLAIM: TransitionKind
 TRANSITION_KIND_RECLAIM_EXPIRED: TransitionKind
+TRANSITION_KIND_OVER_LEASE: TransitionKind
 CANCEL_OUTCOME_UNSPECIFIED: CancelOutcome
 CANCEL_OUTCOME_REMOVED_FROM_QUEUE: CancelOutcome
 CANCEL_OUTCOME_ABORT_REQUESTED: CancelOutcome
 
 class Holder(_message.Message):
-    __slots__ = ("client_id", "purpose", "priority")
+    __slots__ = ("client_id", "purpose", "priority", "pid")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     purpose: str
     priority: int
-    def __init__(self, client_id: _Optional[str] = ..., purpose: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    pid: int
+    def __init__(self, client_id: _Optional[str] = ..., purpose: _Optional[str] = ..., priority: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("holder", "device_index", "memory_bytes", "wait_policy", "release_grace", "reclaim_lease_id")
