@@ -5,6 +5,7 @@ modules), and place before compiling (offload hooks change what the graph calls)
 """
 from __future__ import annotations
 
+import copy
 import gc
 import threading
 import time
@@ -112,10 +113,15 @@ def _limits(pipe, family: FamilySpec) -> ModelLimits:
     config = dict(getattr(pipe, family.denoiser).config)
     counter = None
     if family.key == "zimage":
+        # A copy of its own: a fast tokenizer keeps its padding and truncation settings in its backend, and the
+        # pipeline's call on the GPU worker (padding to 512) could otherwise set them under a count on the event
+        # loop, which then counted 512 tokens for a short prompt (seen under concurrent load).
+        tokenizer = copy.deepcopy(pipe.tokenizer)
+
         def counter(prompt: str) -> int:  # the pipeline's own chat template, as it encodes the prompt
-            text = pipe.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                                      add_generation_prompt=True, enable_thinking=True)
-            return len(pipe.tokenizer(text, truncation=True, max_length=512)["input_ids"])
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                 add_generation_prompt=True, enable_thinking=True)
+            return len(tokenizer(text, truncation=True, max_length=512)["input_ids"])
     return model_limits(family.key, config, pipe.vae_scale_factor, 512, counter)
 
 
