@@ -7,10 +7,13 @@ timeline should record (`transitions`). The asyncio layer (lease_hub) drains bot
 """
 from __future__ import annotations
 
+import heapq
 import math
 import uuid
 from dataclasses import dataclass, replace
 from enum import Enum
+
+from sortedcontainers import SortedKeyList
 
 from gpu_broker import placement
 from gpu_broker.inventory import DeviceInfo
@@ -96,6 +99,7 @@ class Waiter:
     victims: tuple[str, ...] = ()
     deadline: float | None = None
     notified_position: int | None = None
+    effective_priority: int = 0  # the priority plus queue aging, as of the last aging step (its queue key)
 
 
 # What a stream hears. `request_id` names the Acquire stream it goes to.
@@ -222,6 +226,9 @@ class BrokerPolicy:
     # Longer than a holder needs to notice the broker is back (its client retries within a second) and than
     # a holder that will not re-claim needs to stop using the memory (a training job checkpoints first).
     reclaim_window_s: float = 60.0
+    # Queue positions that moved are told at most this often: one pass over the queue per interval, not one
+    # per operation (a mass disconnect would otherwise cost the queue's length squared).
+    position_notice_s: float = 0.25
 
 
 class LeaseBook:
@@ -231,6 +238,11 @@ class LeaseBook:
         self._leases: dict[str, LeaseRecord] = {}
         self._lease_of_request: dict[str, str] = {}
         self._waiters: dict[str, Waiter] = {}
+        # The queue in rank order (effective priority, then arrival): O(log n) to add, remove and locate.
+        self._queue = SortedKeyList(key=lambda w: (-w.effective_priority, w.arrival))
+        self._aging: list[tuple[float, int, str]] = []  # heap of (next aging step, arrival, request id)
+        self._preempting: set[str] = set()  # waiters in the PREEMPTING state
+        self._positions_due: float | None = None  # when moved queue positions are next told
         self._arrivals = 0
         self._sequence = 0
         self.outbox: list[Notice] = []
@@ -260,13 +272,19 @@ class LeaseBook:
             self._validate(spec)
             self._reclaim(self._leases[spec.reclaim_lease_id], request_id, spec, now)
             return request_id
+        self._age(now)
         try:
             if len(self._waiters) >= self.policy.max_waiters:
                 raise ResourceExhausted(f"{len(self._waiters)} requests are already waiting (the most this broker "
                                         "queues); retry later", reason="QUEUE_FULL")
             grace = self._validate(spec)
-            waiter = Waiter(request_id, spec, now, self._arrivals, grace)
-            plan = self._plan(now, extra=waiter)
+            waiter = Waiter(request_id, spec, now, self._arrivals, grace,
+                            effective_priority=min(INT32_MAX, spec.holder.priority))
+            self._enqueue(waiter, age=False)  # planned as if queued: whether it would be granted or preempt
+            try:
+                plan = self._plan(now)
+            finally:
+                self._dequeue(waiter)
             if spec.fail_fast and not plan.touches(request_id):
                 raise ResourceExhausted(
                     f"cannot grant {self._describe_need(spec)} now and wait_policy is FAIL_FAST: "
@@ -276,20 +294,21 @@ class LeaseBook:
             self._transition(now, TransitionKind.REJECTED, request_id=request_id, holder=spec.holder, detail=err.message)
             raise
         self._arrivals += 1
-        self._waiters[request_id] = waiter
+        self._enqueue(waiter)
         first_notice = len(self.outbox)
         self._apply(plan, now)
         still_waiting = request_id in self._waiters
-        position = plan.waiting_order.index(request_id) if request_id in plan.waiting_order else 0
+        position = self._queue.index(waiter) if still_waiting else 0
         reason = self._why_blocked(spec, exclude=request_id) if still_waiting else "fits now"
         self.outbox.insert(first_notice, Notice(request_id, Queued(position, reason), now))
         if still_waiting:
-            self._waiters[request_id].notified_position = position
-            if self._waiters[request_id].state is WaitState.QUEUED:
+            waiter.notified_position = position
+            if waiter.state is WaitState.QUEUED:
                 self._transition(now, TransitionKind.QUEUED, request_id=request_id, holder=spec.holder,
                                  device_index=-1 if spec.device_index is None else spec.device_index,
                                  detail=f"position {position}: {reason}")
-        self._notify_positions(now)
+            if position < len(self._queue) - 1:  # it went ahead of someone: their positions moved
+                self._positions_moved(now)
         return request_id
 
     def release(self, lease_id: str, now: float, caller: Caller = ANONYMOUS) -> Released:
@@ -309,6 +328,7 @@ class LeaseBook:
 
     def stream_closed(self, request_id: str, now: float) -> None:
         """The Acquire stream is gone (caller cancelled, process died, deadline): free what it held."""
+        self._age(now)
         if request_id in self._waiters:
             self._remove_waiter(self._waiters[request_id], now, TransitionKind.CANCELLED, "caller went away")
         elif request_id in self._lease_of_request:
@@ -322,6 +342,7 @@ class LeaseBook:
                caller: Caller = ANONYMOUS) -> CancelOutcome:
         if not request_id and not lease_id:
             raise InvalidArgument("Cancel needs a request_id or a lease_id", reason="MISSING_TARGET")
+        self._age(now)
         if request_id and request_id in self._waiters:
             waiter = self._waiters[request_id]
             _check_owner(caller, waiter.spec.owner, f"request {request_id}")
@@ -357,7 +378,11 @@ class LeaseBook:
                       and x.reclaim_deadline is not None and x.reclaim_deadline <= now]:
             self._free(lease, now, TransitionKind.RECLAIM_EXPIRED,
                        f"not re-claimed within {self.policy.reclaim_window_s:g}s of the broker's start; freed")
-        for waiter in [w for w in self._waiters.values() if w.state is WaitState.PREEMPTING]:
+        self._age(now)
+        if self._positions_due is not None and self._positions_due <= now:
+            self._positions_due = None
+            self._notify_positions(now)
+        for waiter in [self._waiters[r] for r in list(self._preempting)]:
             overdue = [self._leases[v] for v in waiter.victims
                        if v in self._leases and self._leases[v].preempt_deadline is not None
                        and self._leases[v].preempt_deadline <= now]
@@ -378,19 +403,20 @@ class LeaseBook:
         """When `tick` next has work: the nearest preempt deadline or aging step."""
         times = [lease.preempt_deadline for lease in self._leases.values() if lease.preempt_deadline is not None]
         times += [lease.reclaim_deadline for lease in self._leases.values() if lease.reclaim_deadline is not None]
-        aging = self.policy.aging_interval_s
-        if aging > 0 and self._waiters:
-            times += [w.arrived_at + aging * (math.floor((now - w.arrived_at) / aging) + 1) for w in self._waiters.values()]
+        while self._aging and self._stale(self._aging[0]):
+            heapq.heappop(self._aging)
+        if self._aging:
+            times.append(self._aging[0][0])
+        if self._positions_due is not None:
+            times.append(self._positions_due)
         return min(times) if times else None
 
     def snapshot(self, now: float) -> Snapshot:
         leased = {d.index: 0 for d in self.devices}
         for lease in self._leases.values():
             leased[lease.device_index] += lease.memory_bytes
-        order = placement.rank(self._waiter_views(now))
-        queue = tuple(
-            WaiterSnapshot(replace(self._waiters[w.request_id]), i, w.effective_priority) for i, w in enumerate(order)
-        )
+        self._age(now)
+        queue = tuple(WaiterSnapshot(replace(w), i, w.effective_priority) for i, w in enumerate(self._queue))
         leases = tuple(replace(lease) for lease in sorted(self._leases.values(), key=lambda x: x.granted_at))
         return Snapshot(self.devices, leased, leases, queue, self._sequence)
 
@@ -493,7 +519,7 @@ class LeaseBook:
                             f"{', awaiting re-claim' if lease.state is LeaseState.AWAITING_RECLAIM else ''})"
                             for lease in holders) or "no holders"
             parts.append(f"device {dev.index} has {format_bytes(free)} free, held by {who}")
-        waiting = sum(1 for request_id in self._waiters if request_id != exclude)
+        waiting = len(self._waiters) - (1 if exclude in self._waiters else 0)
         tail = f"; {waiting} other request(s) waiting" if waiting else ""
         return "; ".join(parts) + tail
 
@@ -504,23 +530,14 @@ class LeaseBook:
         bonus = int((now - waiter.arrived_at) // aging) if aging > 0 else 0
         return min(INT32_MAX, waiter.spec.holder.priority + max(0, bonus))
 
-    def _waiter_views(self, now: float, extra: Waiter | None = None) -> list[placement.WaiterView]:
-        waiters = list(self._waiters.values()) + ([extra] if extra else [])
-        return [
-            placement.WaiterView(
-                request_id=w.request_id,
-                priority=w.spec.holder.priority,
-                effective_priority=self._effective_priority(w, now),
-                arrival=w.arrival,
-                memory_bytes=w.spec.memory_bytes,
-                device_index=w.spec.device_index,
-                preempting_device=w.device_index if w.state is WaitState.PREEMPTING else None,
-                victims=w.victims,
-            )
-            for w in waiters
-        ]
+    @staticmethod
+    def _view(w: Waiter) -> placement.WaiterView:
+        return placement.WaiterView(
+            request_id=w.request_id, priority=w.spec.holder.priority, effective_priority=w.effective_priority,
+            arrival=w.arrival, memory_bytes=w.spec.memory_bytes, device_index=w.spec.device_index,
+            preempting_device=w.device_index if w.state is WaitState.PREEMPTING else None, victims=w.victims)
 
-    def _plan(self, now: float, extra: Waiter | None = None) -> placement.Plan:
+    def _plan(self, now: float) -> placement.Plan:
         devices = [placement.DeviceView(d.index, d.total_bytes) for d in self.devices]
         leases = [
             # A lease awaiting re-claim cannot be asked to release (nobody would hear it): never a victim.
@@ -529,16 +546,20 @@ class LeaseBook:
                                 preempting=lease.state is LeaseState.PREEMPTING)
             for lease in self._leases.values()
         ]
-        return placement.plan_schedule(devices, leases, self._waiter_views(now, extra))
+        return placement.plan_schedule(
+            devices, leases, (self._view(w) for w in self._queue), ranked=True,
+            preempting_later=lambda: [self._view(self._waiters[r]) for r in self._preempting])
 
     def _schedule(self, now: float) -> None:
         self._apply(self._plan(now), now)
-        self._notify_positions(now)
 
     def _apply(self, plan: placement.Plan, now: float) -> None:
         for request_id in plan.requeued:
             waiter = self._waiters[request_id]
             waiter.state, waiter.device_index, waiter.victims, waiter.deadline = WaitState.QUEUED, None, (), None
+            self._preempting.discard(request_id)
+            waiter.notified_position = None  # told its place again at the next position notice
+            self._positions_moved(now)
         for request_id, device_index in plan.grants:
             self._grant(self._waiters[request_id], device_index, now)
         for pre in plan.preemptions:
@@ -546,7 +567,8 @@ class LeaseBook:
 
     def _grant(self, waiter: Waiter, device_index: int, now: float) -> None:
         self._withdraw_victims(waiter, now, "the waiter was granted without them")
-        del self._waiters[waiter.request_id]
+        self._dequeue(waiter)
+        self._positions_moved(now)
         dev = self.devices[device_index]
         exclusive = waiter.spec.memory_bytes == 0
         lease = LeaseRecord(
@@ -571,6 +593,7 @@ class LeaseBook:
 
     def _start_preemption(self, waiter: Waiter, pre: placement.Preemption, now: float) -> None:
         waiter.state, waiter.device_index, waiter.victims = WaitState.PREEMPTING, pre.device_index, pre.victims
+        self._preempting.add(waiter.request_id)
         deadlines = []
         for lease_id in pre.victims:
             lease = self._leases[lease_id]
@@ -614,7 +637,8 @@ class LeaseBook:
 
     def _remove_waiter(self, waiter: Waiter, now: float, kind: TransitionKind, detail: str) -> None:
         self._withdraw_victims(waiter, now, f"the request it was preempted for is gone ({detail})")
-        del self._waiters[waiter.request_id]
+        self._dequeue(waiter)
+        self._positions_moved(now)
         self._transition(now, kind, request_id=waiter.request_id, holder=waiter.spec.holder,
                          device_index=-1 if waiter.device_index is None else waiter.device_index, detail=detail)
 
@@ -627,11 +651,52 @@ class LeaseBook:
         return Released(replace(lease), held)
 
     def _notify_positions(self, now: float) -> None:
-        for i, view in enumerate(placement.rank(self._waiter_views(now))):
-            waiter = self._waiters[view.request_id]
+        """One pass over the queue: each waiter whose place changed since it was last told hears it."""
+        for i, waiter in enumerate(self._queue):
             if waiter.state is WaitState.QUEUED and waiter.notified_position != i:
                 waiter.notified_position = i
                 self.outbox.append(Notice(waiter.request_id, Queued(i, "queue moved"), now))
+
+    def _positions_moved(self, now: float) -> None:
+        """Positions changed: they are told at the next notice time, once, however many changes came first."""
+        if self._positions_due is None and self._queue:
+            self._positions_due = now + self.policy.position_notice_s
+
+    # ---- the queue ------------------------------------------------------------------------------
+
+    def _enqueue(self, waiter: Waiter, age: bool = True) -> None:
+        self._waiters[waiter.request_id] = waiter
+        self._queue.add(waiter)
+        aging = self.policy.aging_interval_s
+        if age and aging > 0:
+            heapq.heappush(self._aging, (waiter.arrived_at + aging, waiter.arrival, waiter.request_id))
+
+    def _dequeue(self, waiter: Waiter) -> None:
+        del self._waiters[waiter.request_id]
+        self._queue.remove(waiter)
+        self._preempting.discard(waiter.request_id)
+
+    def _stale(self, entry: tuple[float, int, str]) -> bool:
+        waiter = self._waiters.get(entry[2])
+        return waiter is None or waiter.arrival != entry[1]
+
+    def _age(self, now: float) -> None:
+        """Applies every aging step due by `now`: each one re-ranks one waiter (O(log n))."""
+        aging = self.policy.aging_interval_s
+        while self._aging and self._aging[0][0] <= now:
+            entry = heapq.heappop(self._aging)
+            if self._stale(entry):
+                continue
+            waiter = self._waiters[entry[2]]
+            priority = self._effective_priority(waiter, now)
+            if priority != waiter.effective_priority:
+                self._queue.remove(waiter)
+                waiter.effective_priority = priority
+                self._queue.add(waiter)
+                self._positions_moved(now)
+            if priority < INT32_MAX:
+                steps = math.floor((now - waiter.arrived_at) / aging) + 1
+                heapq.heappush(self._aging, (waiter.arrived_at + aging * steps, entry[1], entry[2]))
 
     def _transition(self, now: float, kind: TransitionKind, **fields) -> None:
         self._sequence += 1

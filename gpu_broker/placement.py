@@ -13,6 +13,7 @@ Nothing here mutates: `plan_schedule` returns what the lease book should do.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,16 @@ def rank(waiters: list[WaiterView]) -> list[WaiterView]:
     return sorted(waiters, key=lambda w: (-w.effective_priority, w.arrival))
 
 
-def plan_schedule(devices: list[DeviceView], leases: list[LeaseView], waiters: list[WaiterView]) -> Plan:
+def plan_schedule(devices: list[DeviceView], leases: list[LeaseView], waiters, *, ranked: bool = False,
+                  preempting_later: Callable[[], list[WaiterView]] | None = None) -> Plan:
+    """The plan for `waiters` (any order, or already in rank order with `ranked`, then possibly a lazy iterable).
+
+    Once every device is claimed by a blocked waiter and has nothing left, no later waiter can be granted,
+    claim or preempt: the scan stops there (so a long queue costs its head, not its length). What it would
+    still have done is requeue later waiters whose preemption is over; `preempting_later` gives the ones in
+    the preempting state, so they are handled all the same. Without it the whole queue is scanned, and
+    `waiting_order` then lists every still-waiting request; after an early stop it lists the scanned ones.
+    """
     by_index = {d.index: d for d in devices}
     live = {lease.lease_id: lease for lease in leases}
     avail = {d.index: d.total_bytes for d in devices}
@@ -90,7 +100,14 @@ def plan_schedule(devices: list[DeviceView], leases: list[LeaseView], waiters: l
     requeued: list[str] = []
     waiting: list[str] = []
 
-    for w in rank(waiters):
+    scanned: set[str] = set()
+    for w in (waiters if ranked else rank(list(waiters))):
+        if preempting_later is not None and len(claimed) == len(devices) and all(v <= 0 for v in avail.values()):
+            for late in preempting_later():
+                if late.request_id not in scanned and not any(v in live for v in late.victims):
+                    requeued.append(late.request_id)
+            break
+        scanned.add(w.request_id)
         if w.preempting_device is not None:
             dev = by_index[w.preempting_device]
             need = need_on(w, dev)

@@ -254,3 +254,19 @@ def test_memory_awaiting_reclaim_is_neither_lent_nor_preempted_until_the_window_
     assert lease_id not in b._leases and b.lease_for_request(r) is not None
     kinds = [t.kind for t in b.transitions]
     assert kinds.index(TransitionKind.RECLAIM_EXPIRED) < len(kinds) - 1
+
+
+def test_moved_positions_are_told_once_after_a_burst_of_changes():
+    """A mass disconnect used to cost a pass over the queue per departure; now one pass per notice interval."""
+    b = book(position_notice_s=0.25, aging_interval_s=0)
+    b.submit(spec("holder", prio=9), now=0)
+    waiting = [b.submit(spec(f"w{i}", mem=8 * G), now=0.001 * i) for i in range(1, 6)]
+    b.outbox.clear()
+    for r in waiting[:3]:
+        b.stream_closed(r, now=1)
+    assert not [n for n in b.outbox if isinstance(n.event, Queued)]  # nothing yet: positions are batched
+    assert b.next_deadline(1) == pytest.approx(1.25)
+    b.tick(now=1.25)
+    moved = {n.request_id: n.event.position for n in b.outbox if isinstance(n.event, Queued)}
+    assert moved == {waiting[3]: 0, waiting[4]: 1}
+    assert [w.waiter.request_id for w in b.snapshot(1.3).queue] == waiting[3:]
