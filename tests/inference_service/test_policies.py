@@ -319,3 +319,27 @@ def test_jpeg_recipe_of_the_longest_prompts_fits_its_comment():
               "settings": {f"control_{i}": "x" * 200 for i in range(40)}}
     data = encode_image(Image.new("RGB", (16, 16)), "jpeg", None, recipe)
     assert Image.open(__import__("io").BytesIO(data)).info["comment"].decode().count("🦙") == 2 * MAX_PROMPT_CHARS
+
+
+@pytest.mark.parametrize("free, on_device", [("plenty", True), ("only fp8 fits", False)])
+def test_a_quantised_load_leases_its_dense_peak_or_quantises_on_the_cpu(free, on_device):
+    """torchao quantises a resident model after its dense weights reach the device: on an H200 an fp8 Z-Image
+    used 24.8 GiB under a 19.8 GiB lease sized from the fp8 footprint."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from inference_service.load_plan import EngineSettings, plan_load
+    from inference_service.memory_plan import need_for
+    from inference_service.model_source import SourceFiles
+    from inference_service.requests import LoadRequest
+
+    source = SourceFiles("local_dir", Path("/nowhere"), FLUX, params=FLUX_PARAMS)
+    dense = need_for("resident", *source.footprint_bytes("bf16"))
+    fp8 = need_for("resident", *source.footprint_bytes("bf16", Precision.FP8.facts.inference_bits))
+    free_bytes = 139 * GiB if free == "plenty" else (dense + fp8) // 2
+    req = LoadRequest(model_id="m", source=None, transformer_precision=Precision.FP8,
+                      memory_mode=c.MEMORY_MODE_RESIDENT, speed_mode=c.SPEED_MODE_DEFAULT)
+    plan = plan_load(req, source, replace(H200, free_bytes=free_bytes), EngineSettings())
+    record = next(r for r in plan.resolved if r.control == "quantize_on")
+    assert plan.quantize_on_device is on_device and record.applied == ("device" if on_device else "cpu")
+    assert plan.lease_bytes == (dense if on_device else fp8) and plan.memory.device_bytes == fp8

@@ -1,4 +1,6 @@
 """Table tests of the training precision policy: per probe combination, with HostCaps built by hand."""
+from dataclasses import replace
+
 import pytest
 
 from diffusion.v1 import common_pb2 as c
@@ -146,3 +148,19 @@ def test_a_job_larger_than_the_whole_gpu_is_refused_with_what_to_change(precisio
 def test_what_fits_returns_its_estimate_and_a_cpu_host_is_not_judged():
     assert check_fits(H200, FLUX, P.BF16, None, StepShape(512)) == training_bytes(FLUX, P.BF16)
     assert check_fits(CPU, FLUX, P.FP32, None, StepShape(4096, 8)) > CPU.total_bytes
+
+
+def test_a_trainers_lease_covers_its_context_and_the_allocators_margin():
+    """On an H200 a bf16 Z-Image job used 33.5 GiB under a 31.4 GiB lease (its estimate alone)."""
+    from training_service.precision_policy import lease_bytes
+
+    need = training_bytes(Z, P.BF16, shape=StepShape(768))
+    assert lease_bytes(need, H200) == int(need * 1.1) + GiB
+    assert lease_bytes(need, CPU) == need  # no device, no context
+
+
+def test_host_caps_travel_from_the_probe_child_as_json():
+    from diffusion_kit.host_caps import caps_from_json, caps_to_json
+
+    caps = replace(H200, quant_schemes=frozenset({"int8", "fp8"}), quant_failures={"mxfp8": "Blackwell only"})
+    assert caps_from_json(caps_to_json(caps)) == caps
