@@ -42,9 +42,17 @@ INFERENCE_MODES = {
     "balanced-off": dict(memory_mode=c.MEMORY_MODE_BALANCED, speed_mode=c.SPEED_MODE_OFF),
     "low_vram-off": dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
     "sequential-off": dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
+    "int8-default": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "auto-default": dict(transformer_precision=c.PRECISION_AUTO, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp16-off": dict(compute_precision=c.PRECISION_FP16, speed_mode=c.SPEED_MODE_OFF),
+    "fp32-off": dict(compute_precision=c.PRECISION_FP32, speed_mode=c.SPEED_MODE_OFF),
+    "te-fp8-off": dict(text_encoder_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_OFF),
+    "te-nvfp4-off": dict(text_encoder_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_OFF),
+    "mxfp8-default": dict(transformer_precision=c.PRECISION_MXFP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "nvfp4-default": dict(transformer_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_DEFAULT),
 }
 TRAINING_MODES = {"nf4": c.PRECISION_NF4, "bf16": c.PRECISION_BF16, "int8": c.PRECISION_INT8,
-                  "fp8": c.PRECISION_FP8}
+                  "fp8": c.PRECISION_FP8, "mxfp8": c.PRECISION_MXFP8, "auto": c.PRECISION_AUTO}
 
 
 class Sampler:
