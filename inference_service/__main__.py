@@ -69,7 +69,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
     if caps.device_kind == "cuda":
         import torch
 
-        probe_free = lambda: torch.cuda.mem_get_info(0)[0]  # noqa: E731
+        probe_free = lambda index: torch.cuda.mem_get_info(index)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
                                                    args.lora_max_rank),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,

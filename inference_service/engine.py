@@ -15,12 +15,12 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import AsyncIterator
 
 from diffusion_kit.host_caps import HostCaps
-from diffusion_kit.resolved import Resolved
+from diffusion_kit.resolved import Resolved, Source
 from diffusion_kit.adapter_store import AdapterStore
 from diffusion_kit.path_roots import Roots
 from inference_service import generation, lora_runtime, pipeline_builder
@@ -179,7 +179,7 @@ class InferenceEngine:
                     source = event
         else:
             source = await asyncio.to_thread(resolve_source, req.source, req.family, self.model_roots)
-        plan = plan_load(req, source, self._caps_now(), self.settings)
+        plan = plan_load(req, source, self._caps_now(req.device_index), self.settings)
         await self._check_grantable(req, plan)
         events: asyncio.Queue = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(self._load_plan(req, plan, events, t0, caller))
@@ -222,12 +222,14 @@ class InferenceEngine:
             yield await work
             return
 
-    def _caps_now(self) -> HostCaps:
+    def _caps_now(self, device_index: int | None = None) -> HostCaps:
         """Free memory measured now, counting what the resident model will give back when replaced."""
         if self._probe_free is None:
             return self.caps
-        mine = self._model.plan.lease_bytes if self._model else 0
-        return self.caps.with_free(self._probe_free() + mine)
+        index = device_index or 0
+        model = self._model
+        mine = model.plan.lease_bytes if model and model.device_index == index else 0
+        return self.caps.with_free(self._probe_free(index) + mine)
 
     async def _check_grantable(self, req: LoadRequest, plan: LoadPlan) -> None:
         """Before the resident model is evicted: the broker has the device asked for, and it is big enough."""
@@ -248,6 +250,15 @@ class InferenceEngine:
         if plan.lease_bytes > largest:
             raise ResourceExhausted(f"{plan.model_id} needs {plan.lease_bytes / 2**30:.1f} GiB; the largest "
                                     f"device it may use has {largest / 2**30:.1f} GiB", reason="NEVER_FITS")
+
+    @staticmethod
+    def _on_granted_device(plan: LoadPlan, req: LoadRequest, index: int) -> LoadPlan:
+        """The lease names a device: the pipeline goes there (cuda:N), and the record says which."""
+        device = f"cuda:{index}" if plan.device == "cuda" else plan.device
+        where = device if device.startswith("cuda") else f"{device} (the broker's device {index}; this host has no GPU)"
+        record = Resolved("device", "any" if req.device_index is None else str(req.device_index), where, Source.AUTO
+                          if req.device_index is None else Source.EXPLICIT, reason="the device the broker granted")
+        return replace(plan, device=device, resolved=[*plan.resolved, record])
 
     def _check_may_replace(self, caller: Caller, what: str) -> None:
         """A resident model is its loader's: another identity may not unload or replace it (admins may)."""
@@ -274,6 +285,7 @@ class InferenceEngine:
                 if self.broker is not None:
                     emit("waiting_for_gpu", f"asking the broker for {plan.lease_bytes / 2**30:.1f} GiB")
                     lease = await self._acquire(req, plan, abort)
+                    plan = self._on_granted_device(plan, req, lease.device_index)
                 try:
                     built = await loop.run_in_executor(self._worker, partial(pipeline_builder.build, plan, emit, abort))
                 except BaseException:

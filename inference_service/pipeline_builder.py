@@ -45,6 +45,8 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     import torch
 
     dtype = getattr(torch, plan.dtype.facts.torch_dtype)
+    if plan.device.startswith("cuda"):
+        torch.cuda.set_device(plan.device)  # this worker thread's current device: the one the lease is on
     family, src = plan.family, plan.source
     flags_before = backend_flags.snapshot()
     resolved = list(plan.resolved)
@@ -143,7 +145,7 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
             raise FailedPrecondition(
                 f"no linear layer of this transformer has >= {plan.quant_min_features} features: {scheme} "
                 "would change nothing", reason="NOTHING_TO_QUANTIZE")
-        device_kind = "cuda" if plan.device == "cuda" else "cpu"
+        device_kind = "cuda" if plan.device.startswith("cuda") else "cpu"
         compiled = plan.speed.compile
         cfg = scheme_config(scheme, device_kind=device_kind, compiled=compiled, fast_accum=plan.quant.fp8_fast_accum)
         reason = f"linear layers with >= {plan.quant_min_features} features, dims divisible by 16"
@@ -180,7 +182,7 @@ def _place(pipe, plan: LoadPlan) -> None:
     if mode == "resident":
         pipe.to(device)
     elif mode == "balanced":
-        stream = device == "cuda"
+        stream = device.startswith("cuda")
         pipe.enable_group_offload(onload_device=device, offload_device="cpu", offload_type="block_level",
                                   num_blocks_per_group=1, use_stream=stream, **({"record_stream": True} if stream else {}))
     elif mode == "low_vram":
@@ -205,8 +207,8 @@ def unload(built: BuiltPipeline) -> int:
     """Frees the pipeline and restores the backend flags; returns device bytes freed as measured."""
     import torch
 
-    cuda = built.plan.device == "cuda"
-    before = torch.cuda.memory_allocated() if cuda else 0
+    cuda = built.plan.device.startswith("cuda")
+    before = torch.cuda.memory_allocated(built.plan.device) if cuda else 0
     pipe = built.pipe
     built.pipe = None
     if hasattr(pipe, "remove_all_hooks"):
@@ -216,4 +218,4 @@ def unload(built: BuiltPipeline) -> int:
     if cuda:
         torch.cuda.empty_cache()
     backend_flags.restore(built.flags_before)
-    return max(0, before - torch.cuda.memory_allocated()) if cuda else 0
+    return max(0, before - torch.cuda.memory_allocated(built.plan.device)) if cuda else 0

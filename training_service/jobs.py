@@ -106,7 +106,7 @@ class JobManager:
 
     async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int) -> None:
         """Lease (when a broker is configured), then the child; the lease is released when the child ends."""
-        lease_ctx = None
+        lease_ctx, env = None, None
         if self.broker is not None:
             from gpu_broker.client import LeaseError, LeaseRequest
 
@@ -117,15 +117,16 @@ class JobManager:
                 on_preempt=lambda event: self._suspend(record, event),
                 on_lost=lambda error: self._suspend_lease_lost(record))
             try:
-                await lease_ctx.__aenter__()
+                held = await lease_ctx.__aenter__()
             except LeaseError as e:
                 await self._append(record, "finished", {"state": "FAILED", "steps_completed": 0,
                                                         "message": f"the GPU broker did not grant a lease: {e}"})
                 return
+            env = await self._on_granted_device(record, held.device_index)
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)),
-                str(os.getpid()), cwd=PACKAGE_ROOT,
+                str(os.getpid()), cwd=PACKAGE_ROOT, env=env,
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             self._procs[record.job_id] = proc
             try:
@@ -140,6 +141,23 @@ class JobManager:
                 await proc.wait()
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
+
+    async def _on_granted_device(self, record: JobRecord, index: int) -> dict | None:
+        """The child's environment: it sees only the device the lease is on (CUDA_VISIBLE_DEVICES set to that
+        device's UUID from the broker's inventory), and the job's stream says which. None: inherit as is."""
+        import grpc
+
+        try:
+            devices = list((await self.broker.status()).devices)
+        except grpc.aio.AioRpcError:
+            devices = []
+        uuid = devices[index].uuid if 0 <= index < len(devices) else ""
+        real = uuid.startswith(("GPU-", "MIG-"))
+        message = (f"granted device {index} ({uuid}); the trainer sees only it" if real else
+                   f"granted device {index} ({uuid or 'unknown'}) of a fake inventory; the trainer's devices are "
+                   "left as they are")
+        await self._append(record, "phase", {"phase": "waiting_for_gpu", "message": message})
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": uuid} if real else None
 
     async def drain(self, timeout_s: float) -> None:
         """The service is stopping: every running job checkpoints at its next step and ends SUSPENDED.
