@@ -51,8 +51,15 @@ INFERENCE_MODES = {
     "mxfp8-default": dict(transformer_precision=c.PRECISION_MXFP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "nvfp4-default": dict(transformer_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_DEFAULT),
 }
-TRAINING_MODES = {"nf4": c.PRECISION_NF4, "bf16": c.PRECISION_BF16, "int8": c.PRECISION_INT8,
-                  "fp8": c.PRECISION_FP8, "mxfp8": c.PRECISION_MXFP8, "auto": c.PRECISION_AUTO}
+TRAINING_MODES = {
+    "nf4": dict(base_precision=c.PRECISION_NF4), "bf16": dict(base_precision=c.PRECISION_BF16),
+    "int8": dict(base_precision=c.PRECISION_INT8), "fp8": dict(base_precision=c.PRECISION_FP8),
+    "mxfp8": dict(base_precision=c.PRECISION_MXFP8), "auto": dict(base_precision=c.PRECISION_AUTO),
+    "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
+    "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),
+    "nf4-adamw8bit": dict(base_precision=c.PRECISION_NF4, optimizer=tpb.OPTIMIZER_ADAMW_8BIT),
+}
 
 
 class Sampler:
@@ -171,7 +178,7 @@ def main() -> None:
             req = tpb.StartTrainingRequest(
                 family=c.Family.Value(f"FAMILY_{args.family.upper()}"), base=c.ModelSource(local_dir=str(base)),
                 dataset=tpb.Dataset(image_dir=str(data), instance_prompt="a lighthouse"),
-                base_precision=TRAINING_MODES[mode], rank=16, steps=6, resolution=resolution)
+                rank=16, steps=6, resolution=resolution, **TRAINING_MODES[mode])
             try:
                 job = train.StartTraining(req, timeout=600).job_id
                 lease, child_pids = 0, set()
