@@ -57,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security, broker_security) -> None:
-    from diffusion_kit.host_caps import nvml_free_bytes, probe_host_in_child
+    from diffusion_kit.host_caps import nvml_free_bytes, probe_host, probe_host_in_child
 
-    # Probed in a child: this process computes nothing on the device (each job runs in its own process), and a
-    # CUDA context here would hold memory no lease covers.
-    caps = await asyncio.to_thread(probe_host_in_child, optimizers=True)
+    # On an NVIDIA host the probe runs in a child: this process computes nothing on the device (each job runs in
+    # its own process), and a CUDA context here would hold memory no lease covers. Elsewhere there is no context
+    # to keep out, and the child would only cost a second start-up.
+    probe = probe_host_in_child if nvml_free_bytes(0) is not None else probe_host
+    caps = await asyncio.to_thread(probe, optimizers=True)
     broker = None
     if args.broker:
         from gpu_broker.client import BrokerClient
