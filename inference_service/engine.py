@@ -17,7 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.resolved import Resolved, Source
@@ -156,6 +156,8 @@ class InferenceEngine:
         self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
         self._step_rate: dict[str, float] = {}  # model id -> measured denoise seconds per step per megapixel
         self._load_abort: threading.Event | None = None
+        # Told (model id, ready) when a model becomes ready or goes away: the server's per-model health status.
+        self.on_model_change: Callable[[str, bool], Awaitable[None]] | None = None
 
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run_queue())
@@ -295,6 +297,7 @@ class InferenceEngine:
                 device_index = lease.device_index if lease is not None else (0 if plan.device != "cpu" else -1)
                 self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, caller.identity, lease)
                 self._unloaded_by_preempt = None
+                await self._model_changed(plan.model_id, True)
                 log.info("model loaded", extra={"fields": {"event": "model.loaded", "model_id": plan.model_id,
                                                            "family": plan.family.key, "mode": plan.memory.mode}})
                 return self._model
@@ -343,11 +346,16 @@ class InferenceEngine:
                 return 0
             lora_runtime.release_adapters(self.adapters, model.lora, self.client_id)
             freed = await asyncio.get_running_loop().run_in_executor(self._worker, pipeline_builder.unload, model.built)
+        await self._model_changed(model.model_id, False)
         if model.lease is not None:
             await model.lease.close()
         log.info("model unloaded", extra={"fields": {"event": "model.unloaded", "model_id": model.model_id,
                                                      "reason": reason}})
         return freed
+
+    async def _model_changed(self, model_id: str, ready: bool) -> None:
+        if self.on_model_change is not None:
+            await self.on_model_change(model_id, ready)
 
     async def _on_preempt(self, event) -> None:
         """The broker needs the device: stop, unload; the client library then releases the lease."""
