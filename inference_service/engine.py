@@ -19,15 +19,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
-from diffusion_kit.host_caps import HostCaps
-from diffusion_kit.resolved import Resolved, Source
 from diffusion_kit.adapter_store import AdapterStore
+from diffusion_kit.host_caps import HostCaps
+from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
+from diffusion_kit.resolved import Resolved, Source
 from inference_service import generation, lora_runtime, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
 from inference_service.model_source import resolve_source
-from diffusion_kit.model_sources import HubRepo
 from inference_service.requests import GenerateRequest, LoadRequest
 from service_kit.auth import Caller, current_caller
 from service_kit.errors import clip
