@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.bench_record import Recorder, host_description
+from benchmarks import inference_bench, training_bench
 from benchmarks.training_bench import ensure_base, make_dataset
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from diffusion.v1 import common_pb2 as c
@@ -33,33 +34,9 @@ from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 
 GiB = 2**30
-INFERENCE_MODES = {
-    "bf16-off": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_OFF),
-    "bf16-default": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
-    "fp8-default": dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
-    "int8-off": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_OFF),
-    "nf4-off": dict(transformer_precision=c.PRECISION_NF4, speed_mode=c.SPEED_MODE_OFF),
-    "balanced-off": dict(memory_mode=c.MEMORY_MODE_BALANCED, speed_mode=c.SPEED_MODE_OFF),
-    "low_vram-off": dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
-    "sequential-off": dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
-    "int8-default": dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_DEFAULT),
-    "auto-default": dict(transformer_precision=c.PRECISION_AUTO, speed_mode=c.SPEED_MODE_DEFAULT),
-    "fp16-off": dict(compute_precision=c.PRECISION_FP16, speed_mode=c.SPEED_MODE_OFF),
-    "fp32-off": dict(compute_precision=c.PRECISION_FP32, speed_mode=c.SPEED_MODE_OFF),
-    "te-fp8-off": dict(text_encoder_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_OFF),
-    "te-nvfp4-off": dict(text_encoder_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_OFF),
-    "mxfp8-default": dict(transformer_precision=c.PRECISION_MXFP8, speed_mode=c.SPEED_MODE_DEFAULT),
-    "nvfp4-default": dict(transformer_precision=c.PRECISION_NVFP4, speed_mode=c.SPEED_MODE_DEFAULT),
-}
-TRAINING_MODES = {
-    "nf4": dict(base_precision=c.PRECISION_NF4), "bf16": dict(base_precision=c.PRECISION_BF16),
-    "int8": dict(base_precision=c.PRECISION_INT8), "fp8": dict(base_precision=c.PRECISION_FP8),
-    "mxfp8": dict(base_precision=c.PRECISION_MXFP8), "auto": dict(base_precision=c.PRECISION_AUTO),
-    "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
-    "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
-    "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),
-    "nf4-adamw8bit": dict(base_precision=c.PRECISION_NF4, optimizer=tpb.OPTIMIZER_ADAMW_8BIT),
-}
+# The modes of the two benches, so every mode they time is also checked against its lease.
+INFERENCE_MODES = inference_bench.MODES
+TRAINING_MODES = {k: v for k, v in training_bench.MODES.items() if k != "fp32" and not k.endswith("-warm")}
 
 
 class Sampler:
