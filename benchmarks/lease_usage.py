@@ -94,8 +94,8 @@ def main() -> None:
     p.add_argument("--family", default="zimage")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/lease-usage"))
     p.add_argument("--out", type=Path)
-    p.add_argument("--inference-modes", default=",".join(INFERENCE_MODES))
-    p.add_argument("--training-modes", default=",".join(TRAINING_MODES))
+    p.add_argument("--inference-modes", default=",".join(INFERENCE_MODES), help="comma-separated; empty for none")
+    p.add_argument("--training-modes", default=",".join(TRAINING_MODES), help="comma-separated; empty for none")
     p.add_argument("--deadline-s", type=float, default=1e9, help="stop starting modes after this many seconds")
     args = p.parse_args()
     started = time.monotonic()
@@ -125,7 +125,7 @@ def main() -> None:
                training_service=idle.get(training.proc.pid, 0) / GiB,
                device_used_over_baseline=(sampler.device_used() - baseline) / GiB,
                note="what the service processes hold on the device with no lease (CUDA contexts)")
-        for mode in args.inference_modes.split(","):
+        for mode in filter(None, args.inference_modes.split(",")):
             if time.monotonic() - started > args.deadline_s:
                 break
             sampler.reset()
@@ -148,7 +148,7 @@ def main() -> None:
                note="the inference service with no model loaded and no lease: its CUDA context (and cached blocks), "
                     "which the broker's --context-reserve sets aside")
         seen_children: set[int] = set()
-        for mode in args.training_modes.split(","):
+        for mode in filter(None, args.training_modes.split(",")):
             if time.monotonic() - started > args.deadline_s:
                 break
             sampler.reset()
