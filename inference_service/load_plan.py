@@ -66,7 +66,8 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
         quant_bits = 4.5 if source.kind == "gguf" else quant.transformer.facts.inference_bits if quant.transformer else None
         footprint, largest = source.footprint_bytes(dtype, quant_bits)
         memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
-                             total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest)
+                             total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest,
+                             compute_bits=dtype.facts.inference_bits)
         return quant, footprint, memory
 
     compiled = asks_for_compile(req.speed_mode, req.memory_mode)
@@ -100,7 +101,7 @@ def _quantise_where(source: SourceFiles, dtype: Precision, quant: QuantChoice, m
     torchao = quant.transformer is not None and quant.transformer.facts.library == "torchao"
     if memory.mode != "resident" or caps.device_kind == "cpu" or not (torchao or quant.text_encoder):
         return memory.device_bytes, True, ()
-    dense_peak = need_for("resident", *source.footprint_bytes(dtype))
+    dense_peak = need_for("resident", *source.footprint_bytes(dtype), dtype.facts.inference_bits)
     if dense_peak <= caps.free_bytes:
         return max(memory.device_bytes, dense_peak), True, (Resolved(
             "quantize_on", "auto", "device", Source.AUTO,

@@ -10,7 +10,9 @@ from service_kit.errors import FailedPrecondition, ResourceExhausted
 GiB = 2**30
 # Activations, workspace and the CUDA context on top of the weights (the Z-Image bf16 pipeline peaked at
 # 27.2 GiB at 1024px with ~20.5 GiB of weights on an H200). NVML saw the service use 0.3 GiB more than a
-# 3 GiB headroom leased; docs/bench/lease_usage.jsonl has usage against lease per mode.
+# 3 GiB headroom leased; docs/bench/lease_usage.jsonl has usage against lease per mode. Activations are held
+# in the compute dtype: an fp32 Z-Image used 10.9 GiB over its weights where bf16 used 6.2, so the fixed part
+# scales with the compute dtype's width (HEADROOM_BYTES is for 16-bit compute).
 HEADROOM_BYTES = 4 * GiB
 HEADROOM_FRACTION = 0.15
 # Tiled VAE decode is inexact, and on the H200 a 1024x1024 decode in the offload tiers measured 16 dB from the
@@ -33,14 +35,15 @@ class MemoryPlan:
     resolved: tuple[Resolved, ...]
 
 
-def need_for(mode: str, footprint: int, largest: int) -> int:
+def need_for(mode: str, footprint: int, largest: int, compute_bits: float = 16) -> int:
+    """Device bytes at peak for this tier: what it keeps on the device, plus activations and workspace."""
     on_device = {"resident": footprint, "balanced": int(largest * GROUP_OFFLOAD_SHARE),
                  "low_vram": largest, "sequential": largest // 8}[mode]
-    return int(on_device * (1 + HEADROOM_FRACTION)) + HEADROOM_BYTES
+    return int(on_device * (1 + HEADROOM_FRACTION)) + int(HEADROOM_BYTES * compute_bits / 16)
 
 
 def plan_memory(requested: int, *, device_kind: str, free_bytes: int, total_bytes: int,
-                footprint_bytes: int, largest_component_bytes: int) -> MemoryPlan:
+                footprint_bytes: int, largest_component_bytes: int, compute_bits: float = 16) -> MemoryPlan:
     asked = c.MemoryMode.Name(requested)
     footprint, largest = footprint_bytes, largest_component_bytes
 
@@ -51,29 +54,31 @@ def plan_memory(requested: int, *, device_kind: str, free_bytes: int, total_byte
         mode = "balanced" if requested == c.MEMORY_MODE_BALANCED else "resident"
         source = Source.EXPLICIT if requested in MODES else Source.AUTO
         why = "CPU host: the weights are already in host memory" if source is Source.AUTO else ""
-        return _plan(mode, asked, source, Status.APPLIED, why, footprint, largest)
+        return _plan(mode, asked, source, Status.APPLIED, why, footprint, largest, compute_bits)
 
     if requested in MODES:
         mode = MODES[requested]
-        need = need_for(mode, footprint, largest)
+        need = need_for(mode, footprint, largest, compute_bits)
         if need > total_bytes:
             raise ResourceExhausted(
                 f"{asked} needs about {need / GiB:.1f} GiB on the device and it has {total_bytes / GiB:.1f} GiB in all; "
                 f"use AUTO or a lower memory mode", reason="DOES_NOT_FIT")
-        return _plan(mode, asked, Source.EXPLICIT, Status.APPLIED, "", footprint, largest)
+        return _plan(mode, asked, Source.EXPLICIT, Status.APPLIED, "", footprint, largest, compute_bits)
 
     for mode in ("resident", "balanced", "low_vram", "sequential"):
-        need = need_for(mode, footprint, largest)
+        need = need_for(mode, footprint, largest, compute_bits)
         if need <= free_bytes:
             why = (f"{mode}: needs about {need / GiB:.1f} GiB, {free_bytes / GiB:.1f} GiB free "
                    f"(weights {footprint / GiB:.1f} GiB, largest component {largest / GiB:.1f} GiB)")
-            return _plan(mode, asked, Source.AUTO, Status.APPLIED, why, footprint, largest)
+            return _plan(mode, asked, Source.AUTO, Status.APPLIED, why, footprint, largest, compute_bits)
     raise ResourceExhausted(
-        f"does not fit even with sequential offload: about {need_for('sequential', footprint, largest) / GiB:.1f} GiB "
-        f"needed, {free_bytes / GiB:.1f} GiB free", reason="DOES_NOT_FIT")
+        f"does not fit even with sequential offload: about "
+        f"{need_for('sequential', footprint, largest, compute_bits) / GiB:.1f} GiB needed, {free_bytes / GiB:.1f} GiB free",
+        reason="DOES_NOT_FIT")
 
 
-def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footprint: int, largest: int) -> MemoryPlan:
+def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footprint: int, largest: int,
+          compute_bits: float) -> MemoryPlan:
     # Slicing is exact (bit-identical) and saves memory whenever offloading; tiling is not exact above
     # 1 MP, so only the memory-starved tiers get it.
     slicing = mode != "resident"
@@ -86,4 +91,4 @@ def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footp
                  reason="memory-starved tier: large images decode in tiles" if tiling
                  else "kept exact: only low_vram and sequential tile"),
     )
-    return MemoryPlan(mode, slicing, tiling, need_for(mode, footprint, largest), resolved)
+    return MemoryPlan(mode, slicing, tiling, need_for(mode, footprint, largest, compute_bits), resolved)

@@ -167,6 +167,16 @@ def test_memory_plan_rejections(requested, kind, total, error):
                     largest_component_bytes=24 * GiB)
 
 
+# Resident Z-Image at 1024px on an H200 (docs/bench/lease_usage.jsonl): the plan's weight estimate, the compute
+# dtype, and the peak NVML saw. An fp32 pipeline used 49.1 GiB under a lease that had a 16-bit headroom (48.0).
+@pytest.mark.parametrize("weights_gib, compute_bits, used_gib", [(19.1, 16, 25.26), (38.2, 32, 49.09)])
+def test_resident_lease_covers_the_measured_peak(weights_gib, compute_bits, used_gib):
+    plan = plan_memory(c.MEMORY_MODE_RESIDENT, device_kind="cuda", free_bytes=139 * GiB, total_bytes=141 * GiB,
+                       footprint_bytes=int(weights_gib * GiB), largest_component_bytes=int(weights_gib * GiB * 0.6),
+                       compute_bits=compute_bits)
+    assert used_gib * GiB <= plan.device_bytes <= 1.15 * used_gib * GiB
+
+
 def test_nothing_fits_is_resource_exhausted():
     with pytest.raises(ResourceExhausted, match="sequential"):
         plan_memory(c.MEMORY_MODE_AUTO, device_kind="cuda", free_bytes=2 * GiB, total_bytes=16 * GiB,
