@@ -26,6 +26,7 @@ import grpc
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
+from diffusion_client.inference import collect
 from service_kit.server_runtime import CLIENT_OPTIONS
 from benchmarks.bench_record import Recorder, host_description
 from service_kit.service_process import ROOT, start_service
@@ -98,7 +99,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         results = []
         for _ in range(gens):
             t = time.perf_counter()
-            out = list(stub.Generate(request, timeout=900))[-1].result
+            out = collect(stub.Generate(request, timeout=900))
             results.append((time.perf_counter() - t, out))
     except grpc.RpcError as e:
         record(mode, "ran", 0, "bool", detail=f"generate {e.code().name}: {e.details()}")
@@ -113,7 +114,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
     record(mode, "encode_prompt_ms", ms(timings.encode_prompt), "ms")
     record(mode, "vae_decode_ms", ms(timings.decode), "ms")
     record(mode, "image_encode_ms", ms(timings.encode_images), "ms")
-    record(mode, "peak_vram_gib", max(r[1].peak_memory_bytes for r in results) / 2**30, "GiB")
+    record(mode, "peak_vram_gib", max(r[1].result.peak_memory_bytes for r in results) / 2**30, "GiB")
     images = {steps: image_array(results[-1][1].images[0].data)}
     if steps in references:
         value = psnr(images[steps], references[steps])
@@ -123,7 +124,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         extra_request = pb.GenerateRequest()
         extra_request.CopyFrom(request)
         extra_request.steps = extra
-        images[extra] = image_array(list(stub.Generate(extra_request, timeout=900))[-1].result.images[0].data)
+        images[extra] = image_array(collect(stub.Generate(extra_request, timeout=900)).images[0].data)
     stub.Unload(pb.UnloadRequest(model_id=req.model_id))
     return images
 

@@ -75,10 +75,13 @@ def generate_response(event: GenerationEvent, generation_id: str, sequence: int)
         msg.queued.position = event.queued_position
     elif event.progress is not None:
         msg.progress.CopyFrom(step_progress(event.progress))
+    elif event.image is not None:
+        i = event.image
+        msg.image.CopyFrom(pb.GeneratedImage(data=i.data, mime_type=i.mime_type, seed=i.seed, width=i.width,
+                                             height=i.height))
     elif event.result is not None:
         r = event.result
-        msg.result.images.extend(pb.GeneratedImage(data=i.data, mime_type=i.mime_type, seed=i.seed, width=i.width,
-                                                   height=i.height) for i in r.images)
+        msg.result.image_count = r.image_count
         msg.result.timings.CopyFrom(pb.GenerationTimings(
             queued=duration(r.queued_s), encode_prompt=duration(r.encode_prompt_s), denoise=duration(r.denoise_s),
             decode=duration(r.decode_s), encode_images=duration(r.encode_images_s), total=duration(r.total_s)))

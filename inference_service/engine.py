@@ -62,6 +62,7 @@ class GenerationEvent:
     phase: str
     queued_position: int | None = None
     progress: generation.StepReport | None = None
+    image: "GeneratedImage | None" = None
     result: "GenerationResult | None" = None
 
 
@@ -76,7 +77,7 @@ class GeneratedImage:
 
 @dataclass
 class GenerationResult:
-    images: list[GeneratedImage]
+    image_count: int  # the images went out as events before this summary
     queued_s: float
     encode_prompt_s: float
     denoise_s: float
@@ -533,11 +534,12 @@ class InferenceEngine:
         futures = [loop.run_in_executor(self._encoders, encode_image, img, spec.output_format, spec.encode_quality,
                                         spec.recipe(family, seed, model_resolved))
                    for img, seed in zip(out.images, spec.seeds)]
-        datas = await asyncio.gather(*futures)
-        now = time.perf_counter()
         mime = MIME[spec.output_format]
-        images = [GeneratedImage(d, mime, s, spec.width, spec.height) for d, s in zip(datas, spec.seeds)]
-        result = GenerationResult(images, started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
+        for future, seed in zip(futures, spec.seeds):  # in seed order, each as soon as it and those before are done
+            image = GeneratedImage(await future, mime, seed, spec.width, spec.height)
+            job.events.put_nowait(GenerationEvent("encoding_images", image=image))
+        now = time.perf_counter()
+        result = GenerationResult(len(futures), started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling],
                                   out.peak_memory_bytes)

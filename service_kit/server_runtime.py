@@ -28,8 +28,8 @@ KEEPALIVE_MS = 2000
 # and the largest valid request is far below this (a test computes it); 64 MiB let one caller make
 # a server hold and parse tens of megabytes per call.
 MAX_REQUEST_BYTES = 4 * 2**20
-# The largest response: a Generate result carries its images (the generation limits keep them under it).
-MAX_RESPONSE_BYTES = 256 * 2**20
+# The largest response: one image per Generate event, at most 4096x4096 RGB8 (48 MiB) or a PNG about that size.
+MAX_RESPONSE_BYTES = 64 * 2**20
 SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_MS),

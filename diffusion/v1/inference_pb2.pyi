@@ -197,20 +197,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seeds: _Optional[_Iterable[int]] = ..., num_images: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ..., output_format: _Optional[_Union[ImageFormat, str]] = ..., encode_quality: _Optional[int] = ..., generation_id: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("sequence", "generation_id", "phase", "queued", "progress", "result")
+    __slots__ = ("sequence", "generation_id", "phase", "queued", "progress", "result", "image")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     generation_id: str
     phase: GenerationPhase
     queued: GenerationQueued
     progress: StepProgress
     result: GenerateResult
-    def __init__(self, sequence: _Optional[int] = ..., generation_id: _Optional[str] = ..., phase: _Optional[_Union[GenerationPhase, str]] = ..., queued: _Optional[_Union[GenerationQueued, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ...) -> None: ...
+    image: GeneratedImage
+    def __init__(self, sequence: _Optional[int] = ..., generation_id: _Optional[str] = ..., phase: _Optional[_Union[GenerationPhase, str]] = ..., queued: _Optional[_Union[GenerationQueued, _Mapping]] = ..., progress: _Optional[_Union[StepProgress, _Mapping]] = ..., result: _Optional[_Union[GenerateResult, _Mapping]] = ..., image: _Optional[_Union[GeneratedImage, _Mapping]] = ...) -> None: ...
 
 class GenerationQueued(_message.Message):
     __slots__ = ("position",)
@@ -231,16 +233,16 @@ class StepProgress(_message.Message):
     def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
-    __slots__ = ("images", "timings", "resolved", "peak_memory_bytes")
-    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("image_count", "timings", "resolved", "peak_memory_bytes")
+    IMAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     RESOLVED_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
-    images: _containers.RepeatedCompositeFieldContainer[GeneratedImage]
+    image_count: int
     timings: GenerationTimings
     resolved: _containers.RepeatedCompositeFieldContainer[_common_pb2.ResolvedSetting]
     peak_memory_bytes: int
-    def __init__(self, images: _Optional[_Iterable[_Union[GeneratedImage, _Mapping]]] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
+    def __init__(self, image_count: _Optional[int] = ..., timings: _Optional[_Union[GenerationTimings, _Mapping]] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class GeneratedImage(_message.Message):
     __slots__ = ("data", "mime_type", "seed", "width", "height")

@@ -111,7 +111,12 @@ class InferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Generate(self, request, context):
-        """Generates images: queue position, one event per denoising step, then the result.
+        """Generates images: queue position, one event per denoising step, one `image` event per image (in seed
+        order, each as soon as it is encoded), then the `result` summary, which ends the stream.
+        One message holds at most one image: a RAW_RGB8 image is width*height*3 bytes plus about 100 (3 MiB at
+        1024x1024, 48 MiB at the 4096x4096 limit); PNG is at most about that (noise-like images), JPEG and WebP
+        much less. So gRPC's default 4 MiB receive limit takes any image up to 1024x1024 in every format; a
+        client asking for larger raw or PNG images raises it (this service sends at most 64 MiB per message).
         A client disconnect, an expired deadline or CancelGeneration stops the generation before its next
         model call: the text encoders, each denoiser call (every step, and each half of a guided one) or
         the VAE decode. A model call already running finishes first. A request that this model's measured

@@ -9,6 +9,7 @@ import grpc
 from diffusion.v1 import common_pb2
 from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
+from diffusion_client.inference import Generation, collect
 from service_kit.server_runtime import CLIENT_OPTIONS
 from tests.service_flags import MODEL_ROOTS
 
@@ -44,9 +45,12 @@ class InferenceClient:
         self.channel.close()
 
 
-def result_of(events) -> pb.GenerateResult:
+def result_of(events) -> Generation:
+    """The images (one per `image` event) and the summary that ended the stream."""
     assert events[-1].WhichOneof("event") == "result", [e.WhichOneof("event") for e in events]
-    return events[-1].result
+    generation = collect(iter(events))
+    assert len(generation.images) == generation.result.image_count
+    return generation
 
 
 def progress_steps(events) -> list[int]:

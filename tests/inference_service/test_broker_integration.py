@@ -105,7 +105,7 @@ def test_reload_after_preempt(broker_and_inference, tiny_models):
     assert not waiting.done.is_set()  # re-acquiring: queued behind the urgent holder
     broker.release(urgent)
     assert waiting.done.wait(60) and waiting.error is None, waiting.error
-    assert waiting.events[-1].result.images[0].data == first.images[0].data
+    assert result_of(waiting.events).images[0].data == first.images[0].data
     assert [l.holder.client_id for l in broker.status().leases] == ["inference-0"]
 
 

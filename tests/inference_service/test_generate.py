@@ -83,6 +83,29 @@ def test_other_formats(inference_service, tiny_models, fmt, mime, magic):
     assert len(raw.data) == 64 * 64 * 3
 
 
+def test_images_stream_one_per_message_to_a_client_with_a_small_receive_limit(inference_service, tiny_models):
+    """No message grows with num_images: four raw images whose sum is three times a client's receive limit
+    reach it, each in its own `image` event, in seed order, before the result. (The same ratio as four raw
+    1024x1024 images, 3 MiB each, to a client with gRPC's default 4 MiB limit: a CPU decode at that size takes
+    minutes, so the test scales both down.)"""
+    from diffusion.v1 import inference_pb2_grpc
+
+    proc, client = inference_service
+    client.load("tiny-z", tiny_models["zimage"])
+    limit = 64 * 1024
+    with grpc.insecure_channel(proc.address, options=[("grpc.max_receive_message_length", limit)]) as channel:
+        stub = inference_pb2_grpc.InferenceServiceStub(channel)
+        events = list(stub.Generate(pb.GenerateRequest(
+            model_id="tiny-z", prompt="a red cube", width=128, height=128, steps=1, seeds=[3, 1, 2, 7],
+            output_format=pb.IMAGE_FORMAT_RAW_RGB8), timeout=120))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[-5:] == ["image"] * 4 + ["result"], kinds
+    assert [e.image.seed for e in events[-5:-1]] == [3, 1, 2, 7]
+    assert all(len(e.image.data) == 128 * 128 * 3 and e.ByteSize() < limit for e in events[-5:-1])
+    assert sum(e.ByteSize() for e in events[-5:-1]) > 3 * limit
+    assert events[-1].result.image_count == 4 and events[-1].ByteSize() < 16 * 1024
+
+
 @pytest.mark.parametrize("fields, text", [
     (dict(width=65), "multiple of"),
     (dict(steps=0, width=64), None),  # 0 means the family default, which is valid
