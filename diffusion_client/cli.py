@@ -80,7 +80,8 @@ def cmd_load(args) -> int:
         model = client.load_model(args.model_id, args.source, on_event=show, transformer_precision=args.precision,
                                   compute_precision=args.compute_precision,
                                   text_encoder_precision=args.text_encoder_precision, memory_mode=args.memory,
-                                  speed_mode=args.speed, device_index=args.device, priority=args.priority)
+                                  speed_mode=args.speed, device_index=args.device, priority=args.priority,
+                                  keep_alive_s=args.keep_alive)
     if not out_json(args, model):
         print(f"loaded {model.model_id} ({short(c.Family, model.family, 'FAMILY_')}) on {model.device_name} "
               f"(device {model.device_index})")
@@ -326,6 +327,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--speed", help="off, default or max")
     s.add_argument("--device", type=int, help="the device index to load on")
     s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--keep-alive", type=float, metavar="SECONDS",
+                   help="unload after this long idle (negative: never; 0: after each generation)")
     s.set_defaults(run=cmd_load)
 
     s = sub.add_parser("generate", help="generate images into a folder (a progress bar on stderr)")

@@ -87,8 +87,9 @@ class Inference:
 
     def load_request(self, model_id: str, source, *, transformer_precision=None, compute_precision=None,
                      text_encoder_precision=None, memory_mode=None, speed_mode=None, device_index: int | None = None,
-                     **fields) -> pb.LoadRequest:
-        """A LoadRequest from option words ('fp8', 'low_vram', 'max'); other LoadRequest fields pass through."""
+                     keep_alive_s: float | None = None, **fields) -> pb.LoadRequest:
+        """A LoadRequest from option words ('fp8', 'low_vram', 'max'); other LoadRequest fields pass through.
+        keep_alive_s: idle seconds before the service unloads it (negative: never; 0: after each generation)."""
         req = pb.LoadRequest(model_id=model_id, source=opt.model_source(source),
                              transformer_precision=opt.precision(transformer_precision),
                              compute_precision=opt.precision(compute_precision),
@@ -96,6 +97,8 @@ class Inference:
                              memory_mode=opt.memory_mode(memory_mode), speed_mode=opt.speed_mode(speed_mode), **fields)
         if device_index is not None:
             req.device_index = device_index
+        if keep_alive_s is not None:
+            req.keep_alive.FromNanoseconds(int(keep_alive_s * 1e9))
         return req
 
     def load(self, model_id: str, source, *, timeout: float | None = None, **options) -> Iterator[pb.LoadResponse]:

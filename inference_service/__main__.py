@@ -24,6 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue-depth", type=int, default=8, help="generations that may wait; more get RESOURCE_EXHAUSTED")
     p.add_argument("--reload-after-preempt", action="store_true",
                    help="a Generate for a model the broker preempted re-acquires and reloads it instead of UNAVAILABLE")
+    p.add_argument("--keep-alive", type=float, default=-1.0, metavar="SECONDS",
+                   help="how long a model stays loaded with no generation when its Load does not say (negative: "
+                        "forever; 0: unload after each generation); an idle unload releases the GPU lease")
+    p.add_argument("--reload-on-demand", action="store_true",
+                   help="a Generate for a model that keep-alive unloaded loads it again instead of FAILED_PRECONDITION")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
@@ -71,9 +76,10 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
 
         probe_free = lambda index: torch.cuda.mem_get_info(index)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
-                                                   args.lora_max_rank),
+                                                   args.lora_max_rank, args.keep_alive),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
+                             reload_on_demand=args.reload_on_demand,
                              adapter_store=AdapterStore(args.adapter_store),
                              model_roots=Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                   "--model-root"))

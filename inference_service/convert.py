@@ -24,7 +24,8 @@ def load_request(msg: pb.LoadRequest) -> rq.LoadRequest:
         text_encoder_precision=Precision.of_proto(msg.text_encoder_precision),
         memory_mode=msg.memory_mode, speed_mode=msg.speed_mode,
         fp8_fast_accumulate=msg.fp8_fast_accumulate if msg.HasField("fp8_fast_accumulate") else None,
-        priority=msg.priority, device_index=msg.device_index if msg.HasField("device_index") else None)
+        priority=msg.priority, device_index=msg.device_index if msg.HasField("device_index") else None,
+        keep_alive_s=msg.keep_alive.ToNanoseconds() / 1e9 if msg.HasField("keep_alive") else None)
 
 
 def generate_request(msg: pb.GenerateRequest) -> rq.GenerateRequest:

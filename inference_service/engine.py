@@ -133,7 +133,8 @@ class EngineStatus:
 class InferenceEngine:
     def __init__(self, caps: HostCaps, settings: EngineSettings | None = None, *, broker=None,
                  client_id: str = "inference-0", max_queue_depth: int = 8, reload_after_preempt: bool = False,
-                 probe_free_memory=None, adapter_store: AdapterStore | None = None, model_roots: Roots | None = None):
+                 probe_free_memory=None, adapter_store: AdapterStore | None = None, model_roots: Roots | None = None,
+                 reload_on_demand: bool = False):
         self.caps = caps
         self.model_roots = model_roots or Roots.of([], "--model-root")  # the folders a Load may read
         self.settings = settings or EngineSettings()
@@ -141,6 +142,7 @@ class InferenceEngine:
         self.client_id = client_id
         self.max_queue_depth = max_queue_depth
         self.reload_after_preempt = reload_after_preempt
+        self.reload_on_demand = reload_on_demand  # a Generate for a model keep-alive unloaded loads it again
         self._probe_free = probe_free_memory
         self.adapters = adapter_store
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-worker")
@@ -154,6 +156,9 @@ class InferenceEngine:
         self._runner: asyncio.Task | None = None
         # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
         self._unloaded_by_preempt: tuple[LoadRequest, str, str] | None = None
+        # (the request, who had loaded it, its keep-alive): the model keep-alive unloaded, for --reload-on-demand.
+        self._unloaded_idle: tuple[LoadRequest, str, float] | None = None
+        self._idle_timer: asyncio.Task | None = None
         self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
         self._step_rate: dict[str, float] = {}  # model id -> measured denoise seconds per step per megapixel
         self._load_abort: threading.Event | None = None
@@ -297,8 +302,10 @@ class InferenceEngine:
                     raise
                 device_index = lease.device_index if lease is not None else (0 if plan.device != "cpu" else -1)
                 self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, caller.identity, lease)
-                self._unloaded_by_preempt = None
+                self._unloaded_by_preempt = self._unloaded_idle = None
                 await self._model_changed(plan.model_id, True)
+                if plan.keep_alive_s:  # 0 waits for the first generation to end
+                    self._arm_idle()
                 log.info("model loaded", extra={"fields": {"event": "model.loaded", "model_id": plan.model_id,
                                                            "family": plan.family.key, "mode": plan.memory.mode}})
                 return self._model
@@ -335,6 +342,7 @@ class InferenceEngine:
 
     async def _evict(self, reason: str) -> int:
         """Stops generations, frees the pipeline, releases the lease. Safe with nothing loaded."""
+        self._disarm_idle()
         for job in list(self._pending):
             self._fail(job, Unavailable(f"generation {job.id} did not start: {reason}", reason="MODEL_UNLOADED"))
         for job in self._jobs.values():
@@ -353,6 +361,30 @@ class InferenceEngine:
         log.info("model unloaded", extra={"fields": {"event": "model.unloaded", "model_id": model.model_id,
                                                      "reason": reason}})
         return freed
+
+    # ---- keep-alive ---------------------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        """Starts the loaded model's idle timer (its keep-alive), replacing any running one."""
+        model = self._model
+        self._disarm_idle()
+        if model is None or model.plan.keep_alive_s is None:
+            return
+        self._idle_timer = asyncio.get_running_loop().create_task(self._unload_when_idle(model))
+
+    def _disarm_idle(self) -> None:
+        timer, self._idle_timer = self._idle_timer, None
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+
+    async def _unload_when_idle(self, model: LoadedModel) -> None:
+        ttl = model.plan.keep_alive_s
+        await asyncio.sleep(ttl)
+        async with self._load_lock:
+            if self._model is not model or self._pending or self._running_job():
+                return  # replaced, or busy again: the next idle moment re-arms
+            self._unloaded_idle = (model.request, model.owner, ttl)
+            await self._evict(f"{model.model_id} idle for {ttl:g}s (its keep_alive)")
 
     async def _model_changed(self, model_id: str, ready: bool) -> None:
         if self.on_model_change is not None:
@@ -395,6 +427,7 @@ class InferenceEngine:
                                     f"{self.max_queue_depth}); retry later", reason="QUEUE_FULL")
         self._refuse_if_too_slow(model, spec, deadline_s)
         self._refuse_without_lease(model)
+        self._disarm_idle()  # busy: re-armed when the queue is empty again
         job = _Job(job_id, req, spec, asyncio.Queue(), owner=caller.identity)
         self._jobs[job_id] = job
         self._pending.append(job)
@@ -429,6 +462,15 @@ class InferenceEngine:
                                   reason="UNLOADED_BY_PREEMPTION")
             # Reloaded as the identity that loaded it, whose priority was checked then.
             async for _ in self.load(request, Caller(owner, "user")):
+                pass
+            return
+        if self._unloaded_idle and self._unloaded_idle[0].model_id == model_id:
+            request, owner, ttl = self._unloaded_idle
+            if not self.reload_on_demand:
+                raise FailedPrecondition(f"model {model_id} was unloaded after {ttl:g}s idle (its keep_alive); Load "
+                                         "it again (or start the service with --reload-on-demand)",
+                                         reason="MODEL_UNLOADED_IDLE")
+            async for _ in self.load(request, Caller(owner, "user")):  # as the identity that loaded it
                 pass
             return
         loaded = self._model.model_id if self._model else "none"
@@ -481,6 +523,8 @@ class InferenceEngine:
             except Exception:  # a bug in one job must not stop the queue
                 log.exception("generation crashed")
                 job.events.put_nowait(Internal(f"generation {job.id} failed unexpectedly; see the service log"))
+            if not self._pending:
+                self._arm_idle()
 
     async def _run_job(self, job: _Job) -> None:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source
+from inference_service.keep_alive import resolve_keep_alive
 from inference_service.memory_plan import MemoryPlan, need_for, plan_memory
 from inference_service.model_source import SourceFiles
 from inference_service.quant_policy import QuantChoice, resolve_quant
@@ -24,6 +25,7 @@ class EngineSettings:
     compile_backend: str = "inductor"
     warmup_resolution: int = 1024
     lora_max_rank: int = 64  # the compiled model's hotswap slot holds adapters up to this rank
+    keep_alive_s: float = -1.0  # --keep-alive: how long an idle model stays loaded when a Load does not say
 
 
 @dataclass
@@ -45,6 +47,7 @@ class LoadPlan:
     footprint_bytes: int = 0
     lease_bytes: int = 0  # what the broker is asked for: the plan's peak on the device, loading included
     quantize_on_device: bool = True  # move the dense weights to the device before quantising them
+    keep_alive_s: float | None = None  # idle seconds before the model is unloaded; None: never
 
 
 def check_request(req: LoadRequest) -> None:
@@ -84,12 +87,13 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
     speed = plan_speed(req.speed_mode, device_kind=caps.device_kind, transformer_quant=quant.transformer,
                        memory_mode=memory.mode, compile_backend=settings.compile_backend)
     lease, on_device, where = _quantise_where(source, dtype, quant, memory, caps)
-    resolved = [dtype_record, *quant.resolved, *memory.resolved, *speed.resolved, *where]
+    keep_alive, keep_alive_record = resolve_keep_alive(req.keep_alive_s, settings.keep_alive_s)
+    resolved = [dtype_record, *quant.resolved, *memory.resolved, *speed.resolved, *where, keep_alive_record]
     return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
                     speed=speed, device=device, quant_min_features=settings.quant_min_features,
                     compile_backend=settings.compile_backend, warmup_resolution=settings.warmup_resolution,
                     resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank,
-                    lease_bytes=lease, quantize_on_device=on_device)
+                    lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive)
 
 
 def _quantise_where(source: SourceFiles, dtype: Precision, quant: QuantChoice, memory: MemoryPlan,

@@ -27,6 +27,7 @@ class LoadRequest:
     fp8_fast_accumulate: bool | None = None
     priority: int = 0
     device_index: int | None = None
+    keep_alive_s: float | None = None  # None: the service default; negative: forever; 0: after each generation
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ DEVICE_KIND_MPS: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
 
 class LoadRequest(_message.Message):
-    __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index")
+    __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index", "keep_alive")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +91,7 @@ class LoadRequest(_message.Message):
     FP8_FAST_ACCUMULATE_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: _common_pb2.Family
     source: _common_pb2.ModelSource
@@ -102,7 +103,8 @@ class LoadRequest(_message.Message):
     fp8_fast_accumulate: bool
     priority: int
     device_index: int
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ...) -> None: ...
+    keep_alive: _duration_pb2.Duration
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ..., keep_alive: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("sequence", "phase", "message", "bytes_done", "bytes_total", "elapsed", "result")
