@@ -37,7 +37,8 @@ lint-proto: $(BUF)
 test: $(STAMP) lint-proto
 	$(BIN)/python -m pytest -n 2 --dist loadfile
 
-## The main job: broker + inference on loopback, a locally built model, one image over gRPC.
+## The main job, on a model built locally: broker, inference and training on loopback; an image, a LoRA
+## trained on images the model made, and an image with that LoRA, all over gRPC through diffusion_client.
 demo: $(STAMP)
 	$(BIN)/python -m demos.generate_demo
 

@@ -42,7 +42,7 @@ def main() -> None:
     family = family_of_pipeline_dir(args.model_dir)
     cuda = torch.cuda.is_available()
     t = time.perf_counter()
-    pipe = DiffusionPipeline.from_pretrained(args.model_dir, torch_dtype=torch.bfloat16 if cuda else torch.float32)
+    pipe = DiffusionPipeline.from_pretrained(args.model_dir, dtype=torch.bfloat16 if cuda else torch.float32)
     pipe.to("cuda" if cuda else "cpu")
     load_s = time.perf_counter() - t
     torch.backends.cudnn.benchmark = True

@@ -52,10 +52,10 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     resolved = list(plan.resolved)
 
     on_phase("building", f"{family.pipeline_class} from {src.describe} in {plan.dtype}")
-    kwargs: dict = {"torch_dtype": dtype}
+    kwargs: dict = {"dtype": dtype}
     denoiser_cls = getattr(diffusers, family.denoiser_class)
     if src.denoiser_file is not None:
-        single = {"config": str(src.pipeline_dir), "subfolder": family.denoiser, "torch_dtype": dtype}
+        single = {"config": str(src.pipeline_dir), "subfolder": family.denoiser, "dtype": dtype}
         if src.kind == "gguf":
             single["quantization_config"] = diffusers.GGUFQuantizationConfig(compute_dtype=dtype)
         kwargs[family.denoiser] = denoiser_cls.from_single_file(str(src.denoiser_file), **single)

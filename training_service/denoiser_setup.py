@@ -58,7 +58,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     cls = getattr(diffusers, family.denoiser_class)
     precision = Precision(precision)  # its key ("int8") reads as the same value
     dtype = torch_dtype(precision)
-    kwargs = {"subfolder": family.denoiser, "torch_dtype": dtype}
+    kwargs = {"subfolder": family.denoiser, "dtype": dtype}
     if precision == Precision.NF4:
         kwargs["quantization_config"] = diffusers.BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)

@@ -117,7 +117,7 @@ class LoraRecipe:
         import diffusers
 
         return getattr(diffusers, self.family.pipeline_class).from_pretrained(
-            self.cfg.base_dir, torch_dtype=self.dtype if self.cfg.device != "cpu" else torch.float32, **components)
+            self.cfg.base_dir, dtype=self.dtype if self.cfg.device != "cpu" else torch.float32, **components)
 
     def _encode_text(self) -> tuple[dict[str, dict], dict | None]:
         """Each distinct caption once, the sample prompts, and the negative prompt where sampling uses CFG.
@@ -184,7 +184,7 @@ class LoraRecipe:
         vae = None
         if missing:
             vae = getattr(diffusers, self.objective.vae_class).from_pretrained(
-                self.cfg.base_dir, subfolder="vae", torch_dtype=vae_dtype).to(self.cfg.device)
+                self.cfg.base_dir, subfolder="vae", dtype=vae_dtype).to(self.cfg.device)
         out = []
         for path, caption, geometry, target, resize, box, key, latent in planned:
             if latent is None:
