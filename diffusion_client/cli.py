@@ -81,7 +81,7 @@ def cmd_load(args) -> int:
                                   compute_precision=args.compute_precision,
                                   text_encoder_precision=args.text_encoder_precision, memory_mode=args.memory,
                                   speed_mode=args.speed, device_index=args.device, priority=args.priority,
-                                  keep_alive_s=args.keep_alive)
+                                  keep_alive_s=args.keep_alive, variant=args.variant or "")
     if not out_json(args, model):
         print(f"loaded {model.model_id} ({short(c.Family, model.family, 'FAMILY_')}) on {model.device_name} "
               f"(device {model.device_index})")
@@ -327,6 +327,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--speed", help="off, default or max")
     s.add_argument("--device", type=int, help="the device index to load on")
     s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--variant", help="a hub repo's weight variant, e.g. fp16 (default: the plain weights)")
     s.add_argument("--keep-alive", type=float, metavar="SECONDS",
                    help="unload after this long idle (negative: never; 0: after each generation)")
     s.set_defaults(run=cmd_load)

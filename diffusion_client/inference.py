@@ -87,7 +87,7 @@ class Inference:
 
     def load_request(self, model_id: str, source, *, transformer_precision=None, compute_precision=None,
                      text_encoder_precision=None, memory_mode=None, speed_mode=None, device_index: int | None = None,
-                     keep_alive_s: float | None = None, **fields) -> pb.LoadRequest:
+                     keep_alive_s: float | None = None, variant: str = "", **fields) -> pb.LoadRequest:
         """A LoadRequest from option words ('fp8', 'low_vram', 'max'); other LoadRequest fields pass through.
         keep_alive_s: idle seconds before the service unloads it (negative: never; 0: after each generation)."""
         req = pb.LoadRequest(model_id=model_id, source=opt.model_source(source),
@@ -95,6 +95,10 @@ class Inference:
                              compute_precision=opt.precision(compute_precision),
                              text_encoder_precision=opt.precision(text_encoder_precision),
                              memory_mode=opt.memory_mode(memory_mode), speed_mode=opt.speed_mode(speed_mode), **fields)
+        if variant:
+            if req.source.WhichOneof("source") != "hub_repo":
+                raise ValueError("a weight variant is for hub repos (hub:ORG/NAME)")
+            req.source.hub_repo.variant = variant
         if device_index is not None:
             req.device_index = device_index
         if keep_alive_s is not None:

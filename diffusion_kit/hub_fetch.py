@@ -8,15 +8,17 @@ service (bases).
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from diffusion_kit.download_progress import GrowthWatcher
-from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, clip
+from diffusion_kit.hub_files import FileChoice, choose_files
+from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, ResourceExhausted, \
+    clip
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken")
 
@@ -51,16 +53,22 @@ def check_repo_id(repo_id: str) -> None:
 @contextlib.contextmanager
 def hub_errors(repo_id: str, revision: str | None):
     """huggingface_hub's failures as the service's errors, each with what to do about it."""
-    from huggingface_hub.errors import EntryNotFoundError, HFValidationError, LocalEntryNotFoundError, \
-        RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, HFValidationError, \
+        LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
         yield
+    except GatedRepoError as e:  # a RepositoryNotFoundError too: first
+        raise PermissionDenied(
+            f"hub repo {repo_id} is gated: accept its terms on the hub with an account, and give this service that "
+            "account's token (HF_TOKEN in its environment, or HF_TOKEN_PATH naming a file)",
+            reason="GATED_REPO", metadata={"repo_id": repo_id}) from e
     except HFValidationError as e:
         raise InvalidArgument(f"hub repo {repo_id} or revision {clip(revision)} is not valid: {str(e)[:200]}",
                               reason="BAD_REPO_ID") from e
     except (RepositoryNotFoundError, RevisionNotFoundError) as e:
-        raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found: {e}",
+        raise NotFound(f"hub repo {repo_id} (revision {revision or 'default'}) was not found (a private repo "
+                       f"answers so without a token: set HF_TOKEN in the service's environment): {e}",
                        reason="REPO_NOT_FOUND") from e
     except LocalEntryNotFoundError as e:
         raise NotFound(f"hub repo {repo_id} is not in the local cache and HF_HUB_OFFLINE is set",
@@ -80,31 +88,68 @@ def fetch_small(repo_id: str, revision: str | None, filename: str) -> Path:
         return Path(hf_hub_download(repo_id, filename, revision=revision, local_files_only=offline()))
 
 
-def fetch_hub_repo(repo_id: str, revision: str | None, *, download: Callable | None = None,
-                   on_progress: Callable[[int, int], None] | None = None) -> Path:
-    """Downloads only what the pipeline loads; offline, uses the local cache alone. Verifies files on disk."""
-    from huggingface_hub import snapshot_download
+@dataclass(frozen=True)
+class HubPlan:
+    """What a hub load will fetch, known before any weight byte moves: the files, their bytes, and each
+    component's parameter count read from the safetensors headers on the hub (byte ranges, not the files)."""
+    repo_id: str
+    revision: str | None
+    variant: str
+    index_dir: Path  # the cached snapshot folder holding model_index.json
+    choice: FileChoice | None  # None offline: the local cache alone decides
+    params: dict[str, int]  # per component; empty offline
+
+
+def plan_hub_download(repo_id: str, revision: str | None, variant: str = "") -> HubPlan:
+    """The repo's listing through huggingface_hub's dry run, the files of one variant, and their parameters."""
+    from huggingface_hub import HfApi, snapshot_download
 
     check_repo_id(repo_id)
-    is_offline = offline()
-    snapshot = download or snapshot_download
     index_path = fetch_small(repo_id, revision, "model_index.json")
-    patterns = hub_allow_patterns(json.loads(index_path.read_text()))
+    if offline():
+        return HubPlan(repo_id, revision, variant, index_path.parent, None, {})
     with hub_errors(repo_id, revision):
-        if is_offline:
+        listing = snapshot_download(repo_id, revision=revision, dry_run=True)
+        choice = choose_files([(f.filename, f.file_size) for f in listing], json.loads(index_path.read_text()),
+                              variant)
+        params: dict[str, int] = {}
+        api = HfApi()
+        for name in choice.files:
+            if name.endswith(".safetensors"):
+                header = api.parse_safetensors_file_metadata(repo_id, name, revision=revision)
+                component = name.split("/", 1)[0]
+                params[component] = params.get(component, 0) + sum(header.parameter_count.values())
+    return HubPlan(repo_id, revision, variant, index_path.parent, choice, params)
+
+
+def fetch_planned(plan: HubPlan, *, download: Callable | None = None,
+                  on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """Downloads exactly the planned files (offline: the local cache alone); verifies them on disk."""
+    from huggingface_hub import snapshot_download
+
+    snapshot = download or snapshot_download
+    repo_id, revision = plan.repo_id, plan.revision
+    with hub_errors(repo_id, revision):
+        if plan.choice is None:
+            patterns = hub_allow_patterns(json.loads((plan.index_dir / "model_index.json").read_text()))
             root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns, local_files_only=True))
         else:
-            from huggingface_hub import HfApi, constants
+            from huggingface_hub import constants
             from huggingface_hub.file_download import repo_folder_name
 
-            info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
-            need = download_bytes([(f.rfilename, f.size or 0) for f in info.siblings], patterns)
+            need = plan.choice.total_bytes
             check_disk(Path(constants.HF_HUB_CACHE), int(need * 1.05))
             folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
             with GrowthWatcher(folder, need, on_progress or (lambda done, total: None)):
-                root = Path(snapshot(repo_id, revision=revision, allow_patterns=patterns))
+                root = Path(snapshot(repo_id, revision=revision, allow_patterns=list(plan.choice.files)))
     verify_snapshot(root)
     return root
+
+
+def fetch_hub_repo(repo_id: str, revision: str | None, variant: str = "", *, download: Callable | None = None,
+                   on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """Plans and fetches in one go (where nothing needs checking in between)."""
+    return fetch_planned(plan_hub_download(repo_id, revision, variant), download=download, on_progress=on_progress)
 
 
 def verify_snapshot(root: Path) -> None:
@@ -123,11 +168,6 @@ def verify_snapshot(root: Path) -> None:
     if missing:
         raise FailedPrecondition(f"download of {root.name} is incomplete: missing {', '.join(missing)}",
                                  reason="INCOMPLETE_DOWNLOAD")
-
-
-def download_bytes(files: list[tuple[str, int]], patterns: list[str]) -> int:
-    """Bytes the scoped download fetches: the repo's files that match the allow patterns."""
-    return sum(size for name, size in files if any(fnmatch.fnmatch(name, p) for p in patterns))
 
 
 def check_disk(path: Path, need_bytes: int) -> None:

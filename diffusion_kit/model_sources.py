@@ -17,6 +17,7 @@ class LocalDir:
 class HubRepo:
     repo_id: str
     revision: str | None = None
+    variant: str = ""  # "" : the plain weights
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def from_proto(msg) -> ModelSource | None:
     if kind == "local_dir":
         return LocalDir(msg.local_dir)
     if kind == "hub_repo":
-        return HubRepo(msg.hub_repo.repo_id, msg.hub_repo.revision or None)
+        return HubRepo(msg.hub_repo.repo_id, msg.hub_repo.revision or None, msg.hub_repo.variant)
     if kind == "single_file":
         return SingleFile(msg.single_file.path, from_proto(msg.single_file.companions))
     if kind == "gguf":

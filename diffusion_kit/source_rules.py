@@ -15,6 +15,8 @@ SOURCE_RULES: dict[str, Rules] = {
                          pattern_says="owner/name: 1-96 letters, digits, '-', '_' or '.' each, not starting or "
                                       "ending with '-' or '.'"),
         "revision": Limit(max_len=255),
+        "variant": Limit(max_len=32, pattern=r"[A-Za-z0-9_]{1,32}", reason="BAD_VARIANT",
+                         pattern_says="letters, digits or '_'"),
     }),
     "diffusion.v1.SingleFileCheckpoint": Rules({"path": Limit(max_len=MAX_PATH, required=True)}),
     "diffusion.v1.GgufTransformer": Rules({"path": Limit(max_len=MAX_PATH, required=True)}),

@@ -74,8 +74,11 @@ def _tensor_elements(path: Path, name: str, meta, data_bytes: int) -> int:
     return count
 
 
-def component_params(pipeline_dir: Path) -> dict[str, int]:
-    """Parameters per component of a diffusers directory; every safetensors file is checked whole on the way."""
+def component_params(pipeline_dir: Path, variant: str = "") -> dict[str, int]:
+    """Parameters per component of a diffusers directory, counting the weights of one variant ("" the plain ones,
+    as from_pretrained loads them); every file counted is checked whole on the way."""
+    from diffusion_kit.hub_files import weights_of_variant
+
     try:
         index = json.loads((pipeline_dir / "model_index.json").read_text())
     except (UnicodeDecodeError, ValueError) as e:
@@ -87,7 +90,8 @@ def component_params(pipeline_dir: Path) -> dict[str, int]:
     for name, spec in index.items():
         if name.startswith("_") or not isinstance(spec, list):
             continue
-        files = list((pipeline_dir / name).glob("*.safetensors")) if (pipeline_dir / name).is_dir() else []
+        files = weights_of_variant(list((pipeline_dir / name).glob("*.safetensors")), variant) \
+            if (pipeline_dir / name).is_dir() else []
         if files:
             out[name] = sum(safetensors_params(f) for f in files)
     return out

@@ -211,22 +211,32 @@ class InferenceEngine:
         what = f"scoped download of {req.source.repo_id}"
 
         def on_progress(done: int, total: int) -> None:
-            loop.call_soon_threadsafe(progress.put_nowait, (done, total))
+            loop.call_soon_threadsafe(progress.put_nowait, (done, total, what))
+
+        def before_download(planned) -> None:
+            """The plan from the hub's listing and headers: a load that cannot fit is refused before a weight
+            byte moves (the memory plan, and the broker's devices)."""
+            plan = plan_load(req, planned, self._caps_now(req.device_index), self.settings)
+            asyncio.run_coroutine_threadsafe(self._check_grantable(req, plan), loop).result()
+            total = planned.stored_bytes
+            loop.call_soon_threadsafe(progress.put_nowait, (0, total, f"scoped download of {planned.describe}: "
+                                                                      f"{total / 2**20:.1f} MiB to fetch"))
 
         yield LoadEvent("downloading", what, time.perf_counter() - t0)
         work = loop.run_in_executor(None, lambda: resolve_source(req.source, req.family, self.model_roots,
-                                                                 on_progress=on_progress))
+                                                                 on_progress=on_progress,
+                                                                 before_download=before_download))
         while True:
             getter = loop.create_task(progress.get())
             await asyncio.wait([work, getter], return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                done, total = getter.result()
-                yield LoadEvent("downloading", what, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
+                done, total, message = getter.result()
+                yield LoadEvent("downloading", message, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
                 continue
             getter.cancel()
             while not progress.empty():
-                done, total = progress.get_nowait()
-                yield LoadEvent("downloading", what, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
+                done, total, message = progress.get_nowait()
+                yield LoadEvent("downloading", message, time.perf_counter() - t0, bytes_done=done, bytes_total=total)
             yield await work
             return
 

@@ -12,7 +12,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec, check_pipeline_dir
 from diffusion_kit.gguf_check import check_gguf
-from diffusion_kit.hub_fetch import fetch_hub_repo
+from diffusion_kit.hub_fetch import HubPlan, fetch_planned, plan_hub_download
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.precision import Precision
 from diffusion_kit.weights_on_disk import component_params, safetensors_params
@@ -30,6 +30,7 @@ class SourceFiles:
     # Parameter counts per component, read from safetensors headers (no weights loaded).
     params: dict[str, int] = field(default_factory=dict)
     stored_bytes: int = 0
+    variant: str = ""  # the hub weight variant fetched ("" plain): from_pretrained loads that one
 
     def footprint_bytes(self, dtype: Precision, denoiser_bits: float | None = None) -> tuple[int, int]:
         """(whole pipeline, largest component) bytes at the compute dtype; a quantised denoiser counts its bits."""
@@ -43,11 +44,14 @@ class SourceFiles:
 
 def resolve_source(source: ModelSource | None, requested_family: FamilySpec | None, roots: Roots, *,
                    download: Callable | None = None, on_progress: Callable[[int, int], None] | None = None,
-                   field: str = "source") -> SourceFiles:
+                   field: str = "source", before_download: Callable[["SourceFiles"], None] | None = None,
+                   ) -> SourceFiles:
     """Checks a source and returns where its files are.
 
     PERMISSION_DENIED for a path outside the model roots (before any existence check), then NOT_FOUND /
-    INVALID_ARGUMENT with the fix."""
+    INVALID_ARGUMENT with the fix. A hub repo is planned first (files, bytes, parameters from the hub's headers)
+    and `before_download` sees that plan as SourceFiles, so a load that cannot fit is refused before any weight
+    byte moves."""
     if source is None:
         raise InvalidArgument("source is required: local_dir, hub_repo, single_file or gguf", reason="MISSING_SOURCE")
     if isinstance(source, LocalDir):
@@ -56,9 +60,13 @@ def resolve_source(source: ModelSource | None, requested_family: FamilySpec | No
         roots.confine_tree(pipeline_dir, f"{field}.local_dir")
         files = SourceFiles("local_dir", pipeline_dir, family, describe=str(pipeline_dir))
     elif isinstance(source, HubRepo):
-        pipeline_dir = fetch_hub_repo(source.repo_id, source.revision, download=download, on_progress=on_progress)
+        plan = plan_hub_download(source.repo_id, source.revision, source.variant)
+        if before_download is not None and plan.params:
+            family = check_pipeline_dir(plan.index_dir, f"hub repo {source.repo_id}")
+            before_download(_planned(plan, family))
+        pipeline_dir = fetch_planned(plan, download=download, on_progress=on_progress)
         family = check_pipeline_dir(pipeline_dir, f"hub repo {source.repo_id}")
-        files = SourceFiles("hub_repo", pipeline_dir, family, describe=source.repo_id)
+        files = SourceFiles("hub_repo", pipeline_dir, family, describe=source.repo_id, variant=source.variant)
     else:
         kind, base_name = ("single_file", "companions") if isinstance(source, SingleFile) else ("gguf", "base")
         weight = roots.confine(source.path, f"{field}.{kind}.path")
@@ -77,7 +85,7 @@ def resolve_source(source: ModelSource | None, requested_family: FamilySpec | No
             raise InvalidArgument("the base of a single-file or GGUF load must be a local_dir or hub_repo",
                                   reason="BAD_BASE")
         base_files = resolve_source(base, requested_family, roots, download=download, on_progress=on_progress,
-                                    field=f"{field}.{kind}.{base_name}")
+                                    field=f"{field}.{kind}.{base_name}")  # companions: sized once on disk
         if kind == "gguf":
             check_gguf(weight)
         files = SourceFiles(kind, base_files.pipeline_dir, base_files.family, denoiser_file=weight,
@@ -85,8 +93,20 @@ def resolve_source(source: ModelSource | None, requested_family: FamilySpec | No
     if requested_family is not None and requested_family.key != files.family.key:
         raise InvalidArgument(f"family {requested_family.display} was asked for but {files.describe} holds "
                               f"{files.family.display}", reason="FAMILY_MISMATCH")
-    params = component_params(files.pipeline_dir)
+    params = component_params(files.pipeline_dir, files.variant)
     if files.denoiser_file is not None and files.denoiser_file.suffix == ".safetensors":
         params[files.family.denoiser] = safetensors_params(files.denoiser_file)
     stored = sum(p.stat().st_size for p in files.pipeline_dir.rglob("*.safetensors"))
-    return SourceFiles(files.kind, files.pipeline_dir, files.family, files.denoiser_file, files.describe, params, stored)
+    return SourceFiles(files.kind, files.pipeline_dir, files.family, files.denoiser_file, files.describe, params, stored,
+                       files.variant)
+
+
+def _planned(plan: HubPlan, family: FamilySpec) -> SourceFiles:
+    """A hub source as planned, before its weights are fetched: sized from the hub's safetensors headers."""
+    describe = plan.repo_id
+    if plan.variant:
+        plain = plan.choice.plain_fallbacks if plan.choice else ()
+        describe += f", {plan.variant} weights" + (f" (plain for {', '.join(plain)}: no {plan.variant} files)"
+                                                   if plain else "")
+    return SourceFiles("hub_repo", plan.index_dir, family, describe=describe, params=dict(plan.params),
+                       stored_bytes=plan.choice.total_bytes if plan.choice else 0, variant=plan.variant)

@@ -52,7 +52,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     resolved = list(plan.resolved)
 
     on_phase("building", f"{family.pipeline_class} from {src.describe} in {plan.dtype}")
-    kwargs: dict = {"dtype": dtype}
+    kwargs: dict = {"dtype": dtype, **({"variant": src.variant} if src.variant else {})}
     denoiser_cls = getattr(diffusers, family.denoiser_class)
     if src.denoiser_file is not None:
         single = {"config": str(src.pipeline_dir), "subfolder": family.denoiser, "dtype": dtype}

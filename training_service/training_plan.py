@@ -71,6 +71,9 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
         if model_roots:
             model_roots.confine_tree(base_dir, "base.local_dir")
     elif isinstance(req.base, HubRepo):
+        if req.base.variant:
+            raise InvalidArgument(f"a training base loads its plain weights; variant {req.base.variant!r} is for "
+                                  "inference loads", reason="VARIANT_NOT_FOR_TRAINING", field="base.hub_repo.variant")
         # model_index.json and the denoiser's config only: the job itself fetches the weights.
         hub_repo = (req.base.repo_id, req.base.revision)
         base_dir = fetch_small(*hub_repo, "model_index.json").parent

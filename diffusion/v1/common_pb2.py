@@ -24,33 +24,33 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64iffusion/v1/common.proto\x12\x0c\x64iffusion.v1\"\xb0\x01\n\x0fResolvedSetting\x12\x0f\n\x07\x63ontrol\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\t\x12+\n\x06source\x18\x04 \x01(\x0e\x32\x1b.diffusion.v1.SettingSource\x12+\n\x06status\x18\x05 \x01(\x0e\x32\x1b.diffusion.v1.SettingStatus\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xc1\x01\n\x0bModelSource\x12\x13\n\tlocal_dir\x18\x01 \x01(\tH\x00\x12)\n\x08hub_repo\x18\x02 \x01(\x0b\x32\x15.diffusion.v1.HubRepoH\x00\x12\x39\n\x0bsingle_file\x18\x03 \x01(\x0b\x32\".diffusion.v1.SingleFileCheckpointH\x00\x12-\n\x04gguf\x18\x04 \x01(\x0b\x32\x1d.diffusion.v1.GgufTransformerH\x00\x42\x08\n\x06source\",\n\x07HubRepo\x12\x0f\n\x07repo_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\"S\n\x14SingleFileCheckpoint\x12\x0c\n\x04path\x18\x01 \x01(\t\x12-\n\ncompanions\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource\"H\n\x0fGgufTransformer\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\'\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource*\xda\x01\n\tPrecision\x12\x19\n\x15PRECISION_UNSPECIFIED\x10\x00\x12\x12\n\x0ePRECISION_AUTO\x10\x01\x12\x12\n\x0ePRECISION_BF16\x10\x02\x12\x12\n\x0ePRECISION_FP16\x10\x03\x12\x12\n\x0ePRECISION_FP32\x10\x04\x12\x11\n\rPRECISION_NF4\x10\x05\x12\x12\n\x0ePRECISION_INT8\x10\x06\x12\x11\n\rPRECISION_FP8\x10\x07\x12\x13\n\x0fPRECISION_MXFP8\x10\x08\x12\x13\n\x0fPRECISION_NVFP4\x10\t*\xa9\x01\n\nMemoryMode\x12\x1b\n\x17MEMORY_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_MODE_AUTO\x10\x01\x12\x18\n\x14MEMORY_MODE_RESIDENT\x10\x02\x12\x18\n\x14MEMORY_MODE_BALANCED\x10\x03\x12\x18\n\x14MEMORY_MODE_LOW_VRAM\x10\x04\x12\x1a\n\x16MEMORY_MODE_SEQUENTIAL\x10\x05*g\n\tSpeedMode\x12\x1a\n\x16SPEED_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPEED_MODE_OFF\x10\x01\x12\x16\n\x12SPEED_MODE_DEFAULT\x10\x02\x12\x12\n\x0eSPEED_MODE_MAX\x10\x03*m\n\x06\x46\x61mily\x12\x16\n\x12\x46\x41MILY_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x46\x41MILY_FLUX1\x10\x01\x12\x11\n\rFAMILY_ZIMAGE\x10\x02\x12\x15\n\x11\x46\x41MILY_QWEN_IMAGE\x10\x03\x12\x0f\n\x0b\x46\x41MILY_SDXL\x10\x04*\x81\x01\n\rSettingSource\x12\x1e\n\x1aSETTING_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13SETTING_SOURCE_AUTO\x10\x01\x12\x1b\n\x17SETTING_SOURCE_EXPLICIT\x10\x02\x12\x1a\n\x16SETTING_SOURCE_DEFAULT\x10\x03*\x89\x01\n\rSettingStatus\x12\x1e\n\x1aSETTING_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16SETTING_STATUS_APPLIED\x10\x01\x12\x1c\n\x18SETTING_STATUS_FELL_BACK\x10\x02\x12\x1e\n\x1aSETTING_STATUS_UNSUPPORTED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x64iffusion/v1/common.proto\x12\x0c\x64iffusion.v1\"\xb0\x01\n\x0fResolvedSetting\x12\x0f\n\x07\x63ontrol\x18\x01 \x01(\t\x12\x11\n\trequested\x18\x02 \x01(\t\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\t\x12+\n\x06source\x18\x04 \x01(\x0e\x32\x1b.diffusion.v1.SettingSource\x12+\n\x06status\x18\x05 \x01(\x0e\x32\x1b.diffusion.v1.SettingStatus\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xc1\x01\n\x0bModelSource\x12\x13\n\tlocal_dir\x18\x01 \x01(\tH\x00\x12)\n\x08hub_repo\x18\x02 \x01(\x0b\x32\x15.diffusion.v1.HubRepoH\x00\x12\x39\n\x0bsingle_file\x18\x03 \x01(\x0b\x32\".diffusion.v1.SingleFileCheckpointH\x00\x12-\n\x04gguf\x18\x04 \x01(\x0b\x32\x1d.diffusion.v1.GgufTransformerH\x00\x42\x08\n\x06source\"=\n\x07HubRepo\x12\x0f\n\x07repo_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\t\x12\x0f\n\x07variant\x18\x03 \x01(\t\"S\n\x14SingleFileCheckpoint\x12\x0c\n\x04path\x18\x01 \x01(\t\x12-\n\ncompanions\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource\"H\n\x0fGgufTransformer\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\'\n\x04\x62\x61se\x18\x02 \x01(\x0b\x32\x19.diffusion.v1.ModelSource*\xda\x01\n\tPrecision\x12\x19\n\x15PRECISION_UNSPECIFIED\x10\x00\x12\x12\n\x0ePRECISION_AUTO\x10\x01\x12\x12\n\x0ePRECISION_BF16\x10\x02\x12\x12\n\x0ePRECISION_FP16\x10\x03\x12\x12\n\x0ePRECISION_FP32\x10\x04\x12\x11\n\rPRECISION_NF4\x10\x05\x12\x12\n\x0ePRECISION_INT8\x10\x06\x12\x11\n\rPRECISION_FP8\x10\x07\x12\x13\n\x0fPRECISION_MXFP8\x10\x08\x12\x13\n\x0fPRECISION_NVFP4\x10\t*\xa9\x01\n\nMemoryMode\x12\x1b\n\x17MEMORY_MODE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_MODE_AUTO\x10\x01\x12\x18\n\x14MEMORY_MODE_RESIDENT\x10\x02\x12\x18\n\x14MEMORY_MODE_BALANCED\x10\x03\x12\x18\n\x14MEMORY_MODE_LOW_VRAM\x10\x04\x12\x1a\n\x16MEMORY_MODE_SEQUENTIAL\x10\x05*g\n\tSpeedMode\x12\x1a\n\x16SPEED_MODE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPEED_MODE_OFF\x10\x01\x12\x16\n\x12SPEED_MODE_DEFAULT\x10\x02\x12\x12\n\x0eSPEED_MODE_MAX\x10\x03*m\n\x06\x46\x61mily\x12\x16\n\x12\x46\x41MILY_UNSPECIFIED\x10\x00\x12\x10\n\x0c\x46\x41MILY_FLUX1\x10\x01\x12\x11\n\rFAMILY_ZIMAGE\x10\x02\x12\x15\n\x11\x46\x41MILY_QWEN_IMAGE\x10\x03\x12\x0f\n\x0b\x46\x41MILY_SDXL\x10\x04*\x81\x01\n\rSettingSource\x12\x1e\n\x1aSETTING_SOURCE_UNSPECIFIED\x10\x00\x12\x17\n\x13SETTING_SOURCE_AUTO\x10\x01\x12\x1b\n\x17SETTING_SOURCE_EXPLICIT\x10\x02\x12\x1a\n\x16SETTING_SOURCE_DEFAULT\x10\x03*\x89\x01\n\rSettingStatus\x12\x1e\n\x1aSETTING_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16SETTING_STATUS_APPLIED\x10\x01\x12\x1c\n\x18SETTING_STATUS_FELL_BACK\x10\x02\x12\x1e\n\x1aSETTING_STATUS_UNSUPPORTED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'diffusion.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PRECISION']._serialized_start=624
-  _globals['_PRECISION']._serialized_end=842
-  _globals['_MEMORYMODE']._serialized_start=845
-  _globals['_MEMORYMODE']._serialized_end=1014
-  _globals['_SPEEDMODE']._serialized_start=1016
-  _globals['_SPEEDMODE']._serialized_end=1119
-  _globals['_FAMILY']._serialized_start=1121
-  _globals['_FAMILY']._serialized_end=1230
-  _globals['_SETTINGSOURCE']._serialized_start=1233
-  _globals['_SETTINGSOURCE']._serialized_end=1362
-  _globals['_SETTINGSTATUS']._serialized_start=1365
-  _globals['_SETTINGSTATUS']._serialized_end=1502
+  _globals['_PRECISION']._serialized_start=641
+  _globals['_PRECISION']._serialized_end=859
+  _globals['_MEMORYMODE']._serialized_start=862
+  _globals['_MEMORYMODE']._serialized_end=1031
+  _globals['_SPEEDMODE']._serialized_start=1033
+  _globals['_SPEEDMODE']._serialized_end=1136
+  _globals['_FAMILY']._serialized_start=1138
+  _globals['_FAMILY']._serialized_end=1247
+  _globals['_SETTINGSOURCE']._serialized_start=1250
+  _globals['_SETTINGSOURCE']._serialized_end=1379
+  _globals['_SETTINGSTATUS']._serialized_start=1382
+  _globals['_SETTINGSTATUS']._serialized_end=1519
   _globals['_RESOLVEDSETTING']._serialized_start=44
   _globals['_RESOLVEDSETTING']._serialized_end=220
   _globals['_MODELSOURCE']._serialized_start=223
   _globals['_MODELSOURCE']._serialized_end=416
   _globals['_HUBREPO']._serialized_start=418
-  _globals['_HUBREPO']._serialized_end=462
-  _globals['_SINGLEFILECHECKPOINT']._serialized_start=464
-  _globals['_SINGLEFILECHECKPOINT']._serialized_end=547
-  _globals['_GGUFTRANSFORMER']._serialized_start=549
-  _globals['_GGUFTRANSFORMER']._serialized_end=621
+  _globals['_HUBREPO']._serialized_end=479
+  _globals['_SINGLEFILECHECKPOINT']._serialized_start=481
+  _globals['_SINGLEFILECHECKPOINT']._serialized_end=564
+  _globals['_GGUFTRANSFORMER']._serialized_start=566
+  _globals['_GGUFTRANSFORMER']._serialized_end=638
 # @@protoc_insertion_point(module_scope)

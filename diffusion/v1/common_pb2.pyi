@@ -119,12 +119,14 @@ class ModelSource(_message.Message):
     def __init__(self, local_dir: _Optional[str] = ..., hub_repo: _Optional[_Union[HubRepo, _Mapping]] = ..., single_file: _Optional[_Union[SingleFileCheckpoint, _Mapping]] = ..., gguf: _Optional[_Union[GgufTransformer, _Mapping]] = ...) -> None: ...
 
 class HubRepo(_message.Message):
-    __slots__ = ("repo_id", "revision")
+    __slots__ = ("repo_id", "revision", "variant")
     REPO_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
     repo_id: str
     revision: str
-    def __init__(self, repo_id: _Optional[str] = ..., revision: _Optional[str] = ...) -> None: ...
+    variant: str
+    def __init__(self, repo_id: _Optional[str] = ..., revision: _Optional[str] = ..., variant: _Optional[str] = ...) -> None: ...
 
 class SingleFileCheckpoint(_message.Message):
     __slots__ = ("path", "companions")

@@ -261,15 +261,15 @@ def test_vae_tiling_only_for_large_images_in_offload_tiers(may_tile, side, tiled
 
 
 def test_scoped_download_size_and_disk_preflight(tmp_path):
-    from diffusion_kit.hub_fetch import check_disk, download_bytes, hub_allow_patterns
+    from diffusion_kit.hub_fetch import check_disk
+    from diffusion_kit.hub_files import choose_files
 
     index = {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
              "text_encoder": ["transformers", "CLIPTextModel"], "image_encoder": [None, None]}
-    patterns = hub_allow_patterns(index)
     files = [("model_index.json", 1), ("transformer/diffusion_pytorch_model.safetensors", 100),
              ("transformer/config.json", 2), ("flux1-dev.safetensors", 5000), ("text_encoder/model.safetensors", 30),
              ("transformer/diffusion_pytorch_model.bin", 100), ("image_encoder/model.safetensors", 7)]
-    assert download_bytes(files, patterns) == 133  # no single-file duplicate, no .bin, no unused component
+    assert choose_files(files, index).total_bytes == 133  # no single-file duplicate, no .bin, no unused component
     check_disk(tmp_path, 1)
     with pytest.raises(ResourceExhausted, match="GiB free"):
         check_disk(tmp_path, 2**60)
