@@ -40,6 +40,12 @@ def address(args, service: str) -> opt.Connection:
     return opt.Connection(where, token, Path(args.tls_ca) if args.tls_ca else None)
 
 
+def local(where: str) -> str:
+    """A source or folder named on this command line: hub:... as given, a path made absolute (the services take
+    absolute paths only; relative ones here mean relative to where the command runs)."""
+    return where if where.startswith("hub:") else str(Path(where).expanduser().absolute())
+
+
 def err(*parts) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
@@ -77,7 +83,7 @@ def cmd_load(args) -> int:
                 done = f" {ev.bytes_done / 2**20:.0f}/{ev.bytes_total / 2**20:.0f} MiB" if ev.bytes_total else ""
                 err(f"{short(ipb.LoadPhase, ev.phase, 'LOAD_PHASE_'):<14} {seconds(ev.elapsed):6.1f}s  "
                     f"{ev.message}{done}")
-        model = client.load_model(args.model_id, args.source, on_event=show, transformer_precision=args.precision,
+        model = client.load_model(args.model_id, local(args.source), on_event=show, transformer_precision=args.precision,
                                   compute_precision=args.compute_precision,
                                   text_encoder_precision=args.text_encoder_precision, memory_mode=args.memory,
                                   speed_mode=args.speed, device_index=args.device, priority=args.priority,
@@ -189,7 +195,7 @@ def cmd_train(args) -> int:
                                      learning_rate=args.learning_rate, adapter_id=args.adapter_id,
                                      priority=args.priority, seed=args.seed).items() if v is not None}
     with Training(address(args, "training")) as client:
-        job = client.start(args.family, args.base, args.data, args.prompt or "", base_precision=args.precision,
+        job = client.start(args.family, local(args.base), local(args.data), args.prompt or "", base_precision=args.precision,
                            **fields)
         if args.no_follow:
             if not out_json(args, job):
@@ -266,7 +272,7 @@ def cmd_serve(args) -> int:
 
     host = args.host
     broker_flags = ["--fake-devices", args.fake_devices] if args.fake_devices else []
-    roots = [x for r in args.model_root for x in ("--model-root", r)]
+    roots = [x for r in args.model_root for x in ("--model-root", local(r))]
     started = []
     try:
         broker = start_service("gpu_broker", *broker_flags, listen=f"{host}:{PORTS['broker']}")
@@ -276,7 +282,7 @@ def cmd_serve(args) -> int:
                                   listen=f"{host}:{PORTS['inference']}", timeout=300)
         started.append(inference)
         training = start_service("training_service", "--broker", broker.address, *roots,
-                                 *[x for r in args.dataset_root for x in ("--dataset-root", r)],
+                                 *[x for r in args.dataset_root for x in ("--dataset-root", local(r))],
                                  listen=f"{host}:{PORTS['training']}", timeout=300)
         started.append(training)
         print(f"broker {broker.address}, inference {inference.address}, training {training.address}; "
