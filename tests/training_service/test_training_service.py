@@ -17,7 +17,8 @@ from tests.service_flags import TRAINING_ROOTS
 @pytest.fixture(scope="module")
 def training(tmp_path_factory):
     out = tmp_path_factory.mktemp("training-out")
-    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(out), timeout=180)
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(out), "--adapter-store",
+                         str(out / "adapters"), timeout=180)  # never the user's own store
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     yield training_pb2_grpc.TrainingServiceStub(channel)
     channel.close()
