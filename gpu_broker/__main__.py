@@ -13,6 +13,7 @@ from gpu_broker.lease_journal import JournalError, LeaseJournal
 from gpu_broker.server import create_broker_server
 from service_kit import structured_log
 from service_kit.security import add_server_flags, server_security
+from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("gpu_broker")
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=_seconds, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
+    add_metrics_flag(p)
     return p
 
 
@@ -87,7 +89,7 @@ async def _main(args: argparse.Namespace, security) -> None:
         "event": "broker.started", "port": broker.port, "inventory": source,
         "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices],
         "context_reserve": format_bytes(reserve)}})
-    announce("gpu_broker", args.listen, broker.port)
+    announce("gpu_broker", args.listen, broker.port, maybe_serve_metrics(args))
     await serve_until_signalled(broker.running, args.shutdown_grace)
 
 

@@ -420,6 +420,10 @@ class LeaseBook:
         leases = tuple(replace(lease) for lease in sorted(self._leases.values(), key=lambda x: x.granted_at))
         return Snapshot(self.devices, leased, leases, queue, self._sequence)
 
+    def live(self) -> tuple[list[LeaseRecord], int]:
+        """The leases and the queue's length as they stand, without aging anyone (for metrics)."""
+        return list(self._leases.values()), len(self._queue)
+
     def report_usage(self, used: dict[str, int], now: float) -> None:
         """What each lease's processes use on the device (lease id -> bytes, measured): a lease whose holder
         crosses above what it holds is said once on the timeline, and again only after it went back under."""

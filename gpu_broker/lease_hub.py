@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+from gpu_broker import metrics
 from gpu_broker.lease_journal import LeaseJournal
 from gpu_broker.usage_probe import attribute, parent_of
 from gpu_broker.lease_book import (
@@ -60,6 +61,8 @@ class LeaseHub:
         self._wake = asyncio.Event()
         self._ticker: asyncio.Task | None = None
         self._closed = False
+        metrics.devices(book.devices)
+        metrics.books(*book.live())
 
     def start(self) -> None:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
@@ -155,6 +158,8 @@ class LeaseHub:
             except OSError as e:  # the books still hold; a restart now would forget these leases
                 log.error("lease journal not written", extra={"fields": {
                     "event": "broker.journal_write_failed", "path": str(self.journal.path), "error": str(e)}})
+        leases, waiting = self.book.live()
+        metrics.books(leases, waiting)
         for notice in self.book.outbox:
             queue = self._streams.get(notice.request_id)
             if queue is not None:
@@ -168,6 +173,7 @@ class LeaseHub:
         snapshot = self.book.snapshot(now) if self._watchers else None
         for t in transitions:
             log.info(t.kind.value, extra={"fields": _log_fields(t)})
+            metrics.transition(t.kind.value)
             for watcher in self._watchers:
                 if watcher.queue.full():
                     watcher.overflowed = True

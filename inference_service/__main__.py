@@ -11,6 +11,7 @@ from diffusion_kit.compile_cache import configure_compile_cache
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log
 from service_kit.security import add_broker_client_flags, add_server_flags, broker_client_security, server_security
+from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("inference_service")
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "UNAVAILABLE meanwhile)")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
+    add_metrics_flag(p)
     add_broker_client_flags(p)
     return p
 
@@ -87,7 +89,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
     log.info("inference service started", extra={"fields": {
         "event": "inference.started", "port": server.running.port, "broker": args.broker,
         "device": caps.device_name, "device_kind": caps.device_kind, "quant_schemes": sorted(caps.quant_schemes)}})
-    announce("inference_service", args.listen, server.running.port)
+    announce("inference_service", args.listen, server.running.port, maybe_serve_metrics(args))
     try:
         await serve_until_signalled(server.running, args.shutdown_grace)
     finally:

@@ -24,7 +24,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
-from inference_service import generation, lora_runtime, pipeline_builder
+from inference_service import generation, lora_runtime, metrics, pipeline_builder
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
 from inference_service.model_source import resolve_source
@@ -164,6 +164,7 @@ class InferenceEngine:
         self._load_abort: threading.Event | None = None
         # Told (model id, ready) when a model becomes ready or goes away: the server's per-model health status.
         self.on_model_change: Callable[[str, bool], Awaitable[None]] | None = None
+        metrics.watch_queue(lambda: len(self._pending))
 
     def start(self) -> None:
         self._runner = asyncio.get_running_loop().create_task(self._run_queue())
@@ -296,7 +297,7 @@ class InferenceEngine:
         try:
             async with self._load_lock:
                 self._check_may_replace(caller, f"load {plan.model_id}")  # again: the model may have changed
-                await self._evict(f"replaced by a load of {plan.model_id}")
+                await self._evict(f"replaced by a load of {plan.model_id}", "replaced")
                 abort = threading.Event()
                 self._load_abort = abort
                 lease = None
@@ -314,6 +315,8 @@ class InferenceEngine:
                 self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, caller.identity, lease)
                 self._unloaded_by_preempt = self._unloaded_idle = None
                 await self._model_changed(plan.model_id, True)
+                metrics.model_loaded(plan.model_id, plan.family.key, time.perf_counter() - t0, plan.device,
+                                     device_index, plan.lease_bytes if lease is not None else 0)
                 if plan.keep_alive_s:  # 0 waits for the first generation to end
                     self._arm_idle()
                 log.info("model loaded", extra={"fields": {"event": "model.loaded", "model_id": plan.model_id,
@@ -348,10 +351,11 @@ class InferenceEngine:
             raise NotFound(f"model {clip(model_id)} is not loaded", reason="MODEL_NOT_LOADED")
         self._check_may_replace(caller or current_caller(), f"unload {model_id}")
         async with self._load_lock:
-            return await self._evict(f"{model_id} unloaded")
+            return await self._evict(f"{model_id} unloaded", "unload")
 
-    async def _evict(self, reason: str) -> int:
-        """Stops generations, frees the pipeline, releases the lease. Safe with nothing loaded."""
+    async def _evict(self, reason: str, why: str) -> int:
+        """Stops generations, frees the pipeline, releases the lease. Safe with nothing loaded. `why` is one word
+        (unload, replaced, preempted, idle, shutdown) for the metrics."""
         self._disarm_idle()
         for job in list(self._pending):
             self._fail(job, Unavailable(f"generation {job.id} did not start: {reason}", reason="MODEL_UNLOADED"))
@@ -366,6 +370,7 @@ class InferenceEngine:
             lora_runtime.release_adapters(self.adapters, model.lora, self.client_id)
             freed = await asyncio.get_running_loop().run_in_executor(self._worker, pipeline_builder.unload, model.built)
         await self._model_changed(model.model_id, False)
+        metrics.model_unloaded(model.model_id, why)
         if model.lease is not None:
             await model.lease.close()
         log.info("model unloaded", extra={"fields": {"event": "model.unloaded", "model_id": model.model_id,
@@ -394,7 +399,7 @@ class InferenceEngine:
             if self._model is not model or self._pending or self._running_job():
                 return  # replaced, or busy again: the next idle moment re-arms
             self._unloaded_idle = (model.request, model.owner, ttl)
-            await self._evict(f"{model.model_id} idle for {ttl:g}s (its keep_alive)")
+            await self._evict(f"{model.model_id} idle for {ttl:g}s (its keep_alive)", "idle")
 
     async def _model_changed(self, model_id: str, ready: bool) -> None:
         if self.on_model_change is not None:
@@ -410,7 +415,7 @@ class InferenceEngine:
         who = event.for_holder.client_id
         self._unloaded_by_preempt = (model.request, who, model.owner)
         model.lease = None  # the client library releases it after this callback
-        await self._evict(f"GPU preempted by {who!r}")
+        await self._evict(f"GPU preempted by {who!r}", "preempted")
 
     # ---- generation ---------------------------------------------------------------------
 
@@ -597,6 +602,7 @@ class InferenceEngine:
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling],
                                   out.peak_memory_bytes)
+        metrics.generation_done(model.model_id, result, spec.steps)
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------
@@ -669,6 +675,6 @@ class InferenceEngine:
         if self._runner:
             self._runner.cancel()
         async with self._load_lock:
-            await self._evict("service shutting down")
+            await self._evict("service shutting down", "shutdown")
         self._worker.shutdown(wait=False)
         self._encoders.shutdown(wait=False)

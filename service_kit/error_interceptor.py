@@ -7,12 +7,15 @@ In order, for every call:
 3. the service's request limits (service_kit.request_limits), INVALID_ARGUMENT with google.rpc.BadRequest;
 4. the handler, with the caller in service_kit.auth.current_caller();
 5. a ServiceError becomes its canonical code with ErrorInfo (and BadRequest); anything else is a bug,
-   logged with its traceback and answered INTERNAL, never UNKNOWN.
+   logged with its traceback and answered INTERNAL, never UNKNOWN;
+6. the call's final code and duration are counted (service_kit.metrics).
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 import uuid
 from typing import Any, Callable, Mapping
 
@@ -24,6 +27,7 @@ from grpc_status import rpc_status
 
 from service_kit.auth import ANONYMOUS, OPEN_SERVICES, Caller, TokenBook, set_caller
 from service_kit.errors import ERROR_DOMAIN, InvalidArgument, ServiceError
+from service_kit.metrics import observe_call
 from service_kit.request_limits import Rules, enforce
 
 log = logging.getLogger(__name__)
@@ -76,6 +80,7 @@ class _Edge:
                  caller: Caller | None, refusal: ServiceError | None):
         self.method, self.parse, self.rules = method, parse, rules
         self.caller, self.refusal = caller, refusal
+        self.code = "INTERNAL"  # the failed call's code, once known
 
     def admit(self, raw):
         """The parsed, checked request; raises the ServiceError that answers the call instead."""
@@ -96,26 +101,48 @@ class _Edge:
     async def fail(self, context, err: Exception) -> None:
         """Answers the call for `err`: its own code for a ServiceError, INTERNAL for a bug (never UNKNOWN)."""
         if isinstance(err, grpc.aio.BaseError):  # context.abort() ending the call: not an error of ours
+            code = context.code() if callable(getattr(context, "code", None)) else None
+            self.code = code.name if isinstance(code, grpc.StatusCode) else "ABORTED"
             raise err
-        await _abort(context, err if isinstance(err, ServiceError) else _internal(err, self.method))
+        error = err if isinstance(err, ServiceError) else _internal(err, self.method)
+        self.code = error.code.name
+        await _abort(context, error)
+
+    def _count(self, started: float, code: str | None) -> None:
+        observe_call(self.method, code or self.code, started)
 
     def unary(self, behavior):
         async def wrapped(raw, context):
+            started, code = time.monotonic(), None
             try:
-                return await behavior(self.admit(raw), context)
+                result = await behavior(self.admit(raw), context)
+                code = "OK"
+                return result
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
             except Exception as err:  # noqa: BLE001 - the last net: a bug answers INTERNAL, not UNKNOWN
                 await self.fail(context, err)
+            finally:
+                self._count(started, code)
 
         return wrapped
 
     def server_stream(self, behavior):
         if inspect.isasyncgenfunction(behavior):
             async def wrapped_gen(raw, context):
+                started, code = time.monotonic(), None
                 try:
                     async for item in behavior(self.admit(raw), context):
                         yield item
+                    code = "OK"
+                except (asyncio.CancelledError, GeneratorExit):
+                    code = "CANCELLED"  # the caller went away or its deadline passed
+                    raise
                 except Exception as err:  # noqa: BLE001
                     await self.fail(context, err)
+                finally:
+                    self._count(started, code)
 
             return wrapped_gen
         # A handler that writes with context.write() (the health service's Watch) stays a coroutine.

@@ -110,10 +110,13 @@ async def create_server(
     return running
 
 
-def announce(service: str, listen: str, port: int) -> None:
+def announce(service: str, listen: str, port: int, metrics_port: int | None = None) -> None:
     """Prints the one line a parent process reads to learn the bound port (port 0 picks one)."""
     host = listen.rsplit(":", 1)[0]
-    print(json.dumps({"event": "listening", "service": service, "address": f"{host}:{port}", "port": port}), flush=True)
+    line = {"event": "listening", "service": service, "address": f"{host}:{port}", "port": port}
+    if metrics_port is not None:
+        line["metrics_port"] = metrics_port
+    print(json.dumps(line), flush=True)
 
 
 async def serve_until_signalled(running: RunningServer, grace_s: float = 5.0) -> None:

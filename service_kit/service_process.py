@@ -20,6 +20,7 @@ class ServiceProcess:
     proc: subprocess.Popen
     address: str
     stderr_lines: list[str] = field(default_factory=list)
+    metrics_port: int | None = None  # --metrics-listen's bound port
 
     def log_events(self) -> list[dict]:
         """The structured log lines the service wrote so far."""
@@ -66,6 +67,6 @@ def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout:
         except ValueError:
             continue
         if msg.get("event") == "listening":
-            return ServiceProcess(proc, msg["address"], lines)
+            return ServiceProcess(proc, msg["address"], lines, msg.get("metrics_port"))
     proc.kill()
     raise RuntimeError(f"{module} did not start: {' '.join(lines[-20:])}")

@@ -12,6 +12,7 @@ from training_service.server import create_training_server
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log
 from service_kit.security import add_broker_client_flags, add_server_flags, broker_client_security, server_security
+from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
 log = logging.getLogger("training_service")
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
+    add_metrics_flag(p)
     add_broker_client_flags(p)
     return p
 
@@ -84,7 +86,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
                                                     "--dataset-root"), security)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
-    announce("training_service", args.listen, running.port)
+    announce("training_service", args.listen, running.port, maybe_serve_metrics(args))
     await serve_until_signalled(running, args.shutdown_grace)
 
 

@@ -16,6 +16,7 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.auth import ANONYMOUS, Caller
 from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from service_kit.units import format_bytes
+from training_service import metrics
 from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service.recipe_config import RecipeConfig
 from training_service.training_plan import TrainingPlan
@@ -48,6 +49,7 @@ class JobManager:
         self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
         self._watching: Counter[str] = Counter()  # live WatchTraining streams per job
         self._disk_failed: dict[str, OSError] = {}  # jobs whose events or record could not be written
+        metrics.watch_store(store)
 
     async def start(self, plan: TrainingPlan, caller: Caller = ANONYMOUS) -> JobRecord:
         if self._draining:
@@ -187,6 +189,7 @@ class JobManager:
 
     async def _suspend(self, record: JobRecord, event) -> None:
         """Preempted: the child checkpoints at its next step and exits; then the client library releases."""
+        metrics.SUSPENDED.inc()
         proc = await self._stop_child(record, "suspend preempted", "PREEMPTED",
                                       f"GPU preempted by {event.for_holder.client_id!r}: saving a checkpoint and "
                                       "releasing")
@@ -246,6 +249,7 @@ class JobManager:
             if msg["kind"] == "finished":
                 finished = msg["data"]
             if msg["kind"] == "step":
+                metrics.step(record.family, msg["data"])
                 try:
                     self.store.update(record, steps_completed=msg["data"]["step"])
                 except OSError as e:

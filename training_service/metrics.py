@@ -1,0 +1,51 @@
+"""The training service's Prometheus figures: jobs by state (read from the job store at scrape), steps and
+their rate, peak device memory, suspensions."""
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+
+STEPS = Counter("diffusion_training_steps_total", "Optimiser steps run", ["family"])
+STEP_RATE = Gauge("diffusion_training_steps_per_second", "Steps per second of the running job, by family", ["family"])
+SAMPLES_RATE = Gauge("diffusion_training_samples_per_second", "Images per second of the last step, by family",
+                     ["family"])
+PEAK_BYTES = Gauge("diffusion_training_peak_device_bytes", "Peak device memory of the last step, by family", ["family"])
+SUSPENDED = Counter("diffusion_training_suspensions_total", "Jobs suspended (preempted, lease lost, drain)")
+
+STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "SUSPENDED")
+
+
+class JobStates:
+    """diffusion_training_jobs{state}: how many jobs the store holds in each state, counted when scraped."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        family = GaugeMetricFamily("diffusion_training_jobs", "Training jobs by state", labels=["state"])
+        counts = dict.fromkeys(STATES, 0)
+        for record in list(self.store.jobs.values()):
+            counts[record.state] = counts.get(record.state, 0) + 1
+        for state, n in counts.items():
+            family.add_metric([state], n)
+        yield family
+
+
+_collector: JobStates | None = None
+
+
+def watch_store(store) -> None:
+    """Counts this store's jobs on every scrape (one store per process; a later call replaces the former)."""
+    global _collector
+    if _collector is not None:
+        REGISTRY.unregister(_collector)
+    _collector = JobStates(store)
+    REGISTRY.register(_collector)
+
+
+def step(family: str, data: dict) -> None:
+    STEPS.labels(family).inc()
+    if data.get("elapsed_s"):
+        STEP_RATE.labels(family).set(data["step"] / data["elapsed_s"])
+    SAMPLES_RATE.labels(family).set(data.get("samples_per_s", 0.0))
+    PEAK_BYTES.labels(family).set(data.get("peak_memory_bytes", 0))
