@@ -13,7 +13,7 @@ from diffusion_client.errors import ClientError
 
 ENDED = (pb.TRAINING_JOB_STATE_SUCCEEDED, pb.TRAINING_JOB_STATE_FAILED, pb.TRAINING_JOB_STATE_CANCELLED)
 # A watch reconnects on these; anything else (NOT_FOUND, PERMISSION_DENIED, ...) is the caller's to see.
-RECONNECT_ON = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+RECONNECT_ON = (grpc.StatusCode.UNAVAILABLE,)
 
 
 class Training:
