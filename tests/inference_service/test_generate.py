@@ -83,26 +83,43 @@ def test_other_formats(inference_service, tiny_models, fmt, mime, magic):
     assert len(raw.data) == 64 * 64 * 3
 
 
-def test_images_stream_one_per_message_to_a_client_with_a_small_receive_limit(inference_service, tiny_models):
-    """No message grows with num_images: four raw images whose sum is three times a client's receive limit
-    reach it, each in its own `image` event, in seed order, before the result. (The same ratio as four raw
-    1024x1024 images, 3 MiB each, to a client with gRPC's default 4 MiB limit: a CPU decode at that size takes
-    minutes, so the test scales both down.)"""
+@pytest.fixture(scope="module")
+def flux_for_1024(tmp_path_factory):
+    """The tiny FLUX with a VAE that scales by 8 and has no attention (the tiny one scales by 2): a 1024x1024
+    image is then cheap on the CPU, 4096 tokens for the transformer and convolutions of 8 channels."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    from demos.tiny_pipelines import build_flux
+
+    torch.manual_seed(0)
+    pipe = build_flux()
+    pipe.vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=["DownEncoderBlock2D"] * 4,
+                             up_block_types=["UpDecoderBlock2D"] * 4, block_out_channels=[8, 8, 8, 8],
+                             layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=32,
+                             mid_block_add_attention=False, scaling_factor=0.3611, shift_factor=0.1159)
+    out = tmp_path_factory.mktemp("flux-1024")
+    pipe.save_pretrained(out)
+    return out
+
+
+def test_four_raw_1024_images_reach_a_client_with_grpc_default_receive_limit(inference_service, flux_for_1024):
+    """No message grows with num_images: four raw 1024x1024 images (3 MiB each, 12 MiB together) reach a client
+    with gRPC's default 4 MiB receive limit, each in its own `image` event, in seed order, before the result."""
     from diffusion.v1 import inference_pb2_grpc
 
     proc, client = inference_service
-    client.load("tiny-z", tiny_models["zimage"])
-    limit = 64 * 1024
+    client.load("flux-1024", flux_for_1024)
+    limit = 4 * 2**20
     with grpc.insecure_channel(proc.address, options=[("grpc.max_receive_message_length", limit)]) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
         events = list(stub.Generate(pb.GenerateRequest(
-            model_id="tiny-z", prompt="a red cube", width=128, height=128, steps=1, seeds=[3, 1, 2, 7],
-            output_format=pb.IMAGE_FORMAT_RAW_RGB8), timeout=120))
+            model_id="flux-1024", prompt="a red cube", width=1024, height=1024, steps=1, seeds=[3, 1, 2, 7],
+            num_images=4, output_format=pb.IMAGE_FORMAT_RAW_RGB8), timeout=300))
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[-5:] == ["image"] * 4 + ["result"], kinds
     assert [e.image.seed for e in events[-5:-1]] == [3, 1, 2, 7]
-    assert all(len(e.image.data) == 128 * 128 * 3 and e.ByteSize() < limit for e in events[-5:-1])
-    assert sum(e.ByteSize() for e in events[-5:-1]) > 3 * limit
+    assert all(len(e.image.data) == 1024 * 1024 * 3 and e.ByteSize() < limit for e in events[-5:-1])
     assert events[-1].result.image_count == 4 and events[-1].ByteSize() < 16 * 1024
 
 
