@@ -83,7 +83,8 @@ def cmd_load(args) -> int:
                 done = f" {ev.bytes_done / 2**20:.0f}/{ev.bytes_total / 2**20:.0f} MiB" if ev.bytes_total else ""
                 err(f"{short(ipb.LoadPhase, ev.phase, 'LOAD_PHASE_'):<14} {seconds(ev.elapsed):6.1f}s  "
                     f"{ev.message}{done}")
-        model = client.load_model(args.model_id, local(args.source), on_event=show, transformer_precision=args.precision,
+        model = client.load_model(args.model_id, local(args.source), on_event=show,
+                                  transformer_precision=args.precision,
                                   compute_precision=args.compute_precision,
                                   text_encoder_precision=args.text_encoder_precision, memory_mode=args.memory,
                                   speed_mode=args.speed, device_index=args.device, priority=args.priority,
@@ -195,7 +196,8 @@ def cmd_train(args) -> int:
                                      learning_rate=args.learning_rate, adapter_id=args.adapter_id,
                                      priority=args.priority, seed=args.seed).items() if v is not None}
     with Training(address(args, "training")) as client:
-        job = client.start(args.family, local(args.base), local(args.data), args.prompt or "", base_precision=args.precision,
+        job = client.start(args.family, local(args.base), local(args.data), args.prompt or "",
+                           base_precision=args.precision,
                            **fields)
         if args.no_follow:
             if not out_json(args, job):

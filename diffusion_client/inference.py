@@ -12,6 +12,7 @@ from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
 from diffusion_client import options as opt
 from diffusion_client.errors import ClientError
+from diffusion_client.service_client import ServiceClient
 
 EXTENSIONS = {"image/png": "png", "image/webp": "webp", "image/jpeg": "jpg", "application/octet-stream": "rgb"}
 
@@ -68,20 +69,8 @@ def collect(events: "Iterator[pb.GenerateResponse]",
     raise ClientError(grpc.StatusCode.UNAVAILABLE, "the Generate stream ended before its result", "STREAM_ENDED")
 
 
-class Inference:
-    def __init__(self, address: "str | opt.Connection", *, token: str | None = None):
-        self.connection = opt.Connection.of(address, token)
-        self.channel = self.connection.channel()
-        self.stub = inference_pb2_grpc.InferenceServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def __enter__(self) -> "Inference":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+class Inference(ServiceClient):
+    STUB = inference_pb2_grpc.InferenceServiceStub
 
     # ---- load ----------------------------------------------------------------------------
 
@@ -152,19 +141,3 @@ class Inference:
 
     def capabilities(self) -> pb.GetCapabilitiesResponse:
         return self._call(self.stub.GetCapabilities, pb.GetCapabilitiesRequest())
-
-    # ---- plumbing ------------------------------------------------------------------------
-
-    @staticmethod
-    def _call(method, request, timeout: float | None = 30):
-        try:
-            return method(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise ClientError.from_rpc(e) from None
-
-    @staticmethod
-    def _stream(method, request, timeout):
-        try:
-            yield from method(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise ClientError.from_rpc(e) from None

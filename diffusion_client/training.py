@@ -10,26 +10,15 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from diffusion_client import options as opt
 from diffusion_client.errors import ClientError
+from diffusion_client.service_client import ServiceClient
 
 ENDED = (pb.TRAINING_JOB_STATE_SUCCEEDED, pb.TRAINING_JOB_STATE_FAILED, pb.TRAINING_JOB_STATE_CANCELLED)
 # A watch reconnects on these; anything else (NOT_FOUND, PERMISSION_DENIED, ...) is the caller's to see.
 RECONNECT_ON = (grpc.StatusCode.UNAVAILABLE,)
 
 
-class Training:
-    def __init__(self, address: "str | opt.Connection", *, token: str | None = None):
-        self.connection = opt.Connection.of(address, token)
-        self.channel = self.connection.channel()
-        self.stub = training_pb2_grpc.TrainingServiceStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def __enter__(self) -> "Training":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+class Training(ServiceClient):
+    STUB = training_pb2_grpc.TrainingServiceStub
 
     def start_request(self, family, base, image_dir: str, instance_prompt: str = "", *, base_precision=None,
                       optimizer=None, speed_mode=None, **fields) -> pb.StartTrainingRequest:
@@ -100,13 +89,6 @@ class Training:
             if not page.next_page_token:
                 return out
             request.page_token = page.next_page_token
-
-    @staticmethod
-    def _call(method, request, timeout: float | None = 30):
-        try:
-            return method(request, timeout=timeout)
-        except grpc.RpcError as e:
-            raise ClientError.from_rpc(e) from None
 
 
 
