@@ -3,8 +3,14 @@
 Layout, one folder per adapter:
     <root>/<adapter_id>/pytorch_lora_weights.safetensors   diffusers/peft layout
     <root>/<adapter_id>/adapter.json                        the sidecar (family, base, rank, alpha, LoRA config, ...)
-    <root>/<adapter_id>/pins/<pid>-<holder>                 one file per process that has it loaded
+    <root>/<adapter_id>/pins/<host>.<pid>.<holder>          one file per process that has it loaded
 Publishing is atomic (a staging folder renamed into place). A pinned adapter cannot be deleted.
+
+A pin is a heartbeat file: its host (the pod, in Kubernetes), process id, holder and an expiry that the
+holder renews (`renew_pins`, every third of PIN_TTL_S). Any process that shares the store, on any host or
+pod, counts a pin live until it expires; a process on the pin's own host also drops it at once when its
+process is gone. So a training pod's DeleteAdapter sees an inference pod's pins without sharing its PID
+namespace.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -22,6 +29,7 @@ from service_kit.errors import FailedPrecondition, InvalidArgument, NotFound, Pe
 WEIGHTS = "pytorch_lora_weights.safetensors"
 SIDECAR = "adapter.json"
 ADAPTER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: '$' alone let "id\n" through
+PIN_TTL_S = 60.0  # a pin not renewed for this long is stale on every host
 
 
 @dataclass(frozen=True)
@@ -60,9 +68,12 @@ def check_adapter_id(adapter_id: str) -> None:
 
 
 class AdapterStore:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, *, host: str | None = None, pin_ttl_s: float = PIN_TTL_S):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.host = host or socket.gethostname()  # where this process's pins say it runs
+        self.pin_ttl_s = pin_ttl_s
+        self._pinned: set[tuple[str, str]] = set()  # (adapter id, holder) this process holds, to renew
 
     def path(self, adapter_id: str) -> Path:
         check_adapter_id(adapter_id)
@@ -116,28 +127,56 @@ class AdapterStore:
 
     # ---- pins: which live processes have an adapter loaded ------------------------------
 
+    def _pin_path(self, adapter_id: str, holder: str) -> Path:
+        return self.path(adapter_id) / "pins" / f"{self.host}.{os.getpid()}.{holder}"
+
     def pin(self, adapter_id: str, holder: str) -> None:
-        pins = self.path(adapter_id) / "pins"
-        pins.mkdir(exist_ok=True)
-        (pins / f"{os.getpid()}-{holder}").touch()
+        path = self._pin_path(adapter_id, holder)
+        path.parent.mkdir(exist_ok=True)
+        self._write_pin(path, holder)
+        self._pinned.add((adapter_id, holder))
+
+    def _write_pin(self, path: Path, holder: str) -> None:
+        body = {"host": self.host, "pid": os.getpid(), "holder": holder, "expires": time.time() + self.pin_ttl_s}
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, path)  # a reader never sees half a pin
+
+    def renew_pins(self) -> int:
+        """Pushes the expiry of every pin this process holds; returns how many. Call every third of the TTL."""
+        renewed = 0
+        for adapter_id, holder in list(self._pinned):
+            path = self._pin_path(adapter_id, holder)
+            if path.parent.is_dir():
+                self._write_pin(path, holder)
+                renewed += 1
+        return renewed
 
     def unpin(self, adapter_id: str, holder: str) -> None:
+        self._pinned.discard((adapter_id, holder))
         try:
-            (self.path(adapter_id) / "pins" / f"{os.getpid()}-{holder}").unlink()
+            self._pin_path(adapter_id, holder).unlink()
         except FileNotFoundError:
             pass
 
     def live_pins(self, adapter_id: str) -> list[str]:
+        """The holders with a live pin, from any host; stale pins are removed on the way."""
         pins = self.path(adapter_id) / "pins"
         if not pins.is_dir():
             return []
-        live = []
+        live, now = [], time.time()
         for pin in pins.iterdir():
-            pid = int(pin.name.split("-", 1)[0])
-            if _alive(pid):
-                live.append(pin.name.split("-", 1)[1])
+            if pin.name.startswith("."):
+                continue
+            try:
+                body = json.loads(pin.read_text())
+                stale = body["expires"] < now or (body["host"] == self.host and not _alive(int(body["pid"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                body, stale = None, True  # unreadable, or left by an older layout
+            if stale:
+                pin.unlink(missing_ok=True)
             else:
-                pin.unlink(missing_ok=True)  # left by a process that died
+                live.append(body["holder"])
         return live
 
     def _refuse_if_pinned(self, adapter_id: str, what: str) -> None:

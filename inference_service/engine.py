@@ -154,6 +154,7 @@ class InferenceEngine:
         self._jobs: dict[str, _Job] = {}
         self._wake = asyncio.Event()
         self._runner: asyncio.Task | None = None
+        self._pin_renewer: asyncio.Task | None = None
         # (the request, who preempted it, who had loaded it): what --reload-after-preempt loads again.
         self._unloaded_by_preempt: tuple[LoadRequest, str, str] | None = None
         # (the request, who had loaded it, its keep-alive): the model keep-alive unloaded, for --reload-on-demand.
@@ -167,7 +168,20 @@ class InferenceEngine:
         metrics.watch_queue(lambda: len(self._pending))
 
     def start(self) -> None:
-        self._runner = asyncio.get_running_loop().create_task(self._run_queue())
+        loop = asyncio.get_running_loop()
+        self._runner = loop.create_task(self._run_queue())
+        if self.adapters is not None:
+            self._pin_renewer = loop.create_task(self._renew_adapter_pins())
+
+    async def _renew_adapter_pins(self) -> None:
+        """The adapters a loaded model uses stay pinned (not deletable) from every pod sharing the store."""
+        while True:
+            await asyncio.sleep(self.adapters.pin_ttl_s / 3)
+            try:
+                await asyncio.to_thread(self.adapters.renew_pins)
+            except OSError as e:  # the store's volume hiccuped: the next round tries again
+                log.warning("adapter pins not renewed", extra={"fields": {"event": "adapters.pin_renew_failed",
+                                                                          "error": str(e)}})
 
     # ---- load / unload ------------------------------------------------------------------
 
@@ -672,8 +686,9 @@ class InferenceEngine:
         await self.close()
 
     async def close(self) -> None:
-        if self._runner:
-            self._runner.cancel()
+        for task in (self._runner, self._pin_renewer):
+            if task:
+                task.cancel()
         async with self._load_lock:
             await self._evict("service shutting down", "shutdown")
         self._worker.shutdown(wait=False)
