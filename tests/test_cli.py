@@ -15,6 +15,7 @@ from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from diffusion_client import Broker, ClientError
 from diffusion_client.options import Connection
 from service_kit.service_process import free_port, start_service
+from tests.datasets import write_cards
 from tests.inference_service.harness import InferenceClient
 from tests.service_flags import TRAINING_ROOTS
 from tests.tcp_proxy import TcpProxy
@@ -23,10 +24,7 @@ from tests.tcp_proxy import TcpProxy
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    data = root / "data"
-    data.mkdir()
-    for i in range(2):
-        Image.new("RGB", (64, 64), (90 * i, 40, 160)).save(data / f"{i}.png")
+    data = write_cards(root / "data")
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB")
     inference = start_service("inference_service", "--broker", broker.address, *InferenceClient.TEST_FLAGS,
                               "--adapter-store", str(root / "adapters"), timeout=180)

@@ -5,7 +5,6 @@ import urllib.request
 
 import grpc
 import pytest
-from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from diffusion.v1 import common_pb2 as c
@@ -14,6 +13,7 @@ from diffusion.v1 import training_pb2 as tpb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from tests.datasets import write_cards
 from tests.inference_service.harness import InferenceClient, result_of
 from tests.service_flags import TRAINING_ROOTS
 
@@ -86,10 +86,7 @@ def test_metrics_follow_loads_generations_errors_and_leases(stack, tiny_models):
 
 def test_training_metrics_count_steps_and_jobs_by_state(stack, tiny_models):
     _, _, training, root = stack
-    data = root / "data"
-    data.mkdir(exist_ok=True)
-    for i in range(2):
-        Image.new("RGB", (64, 64), (90 * i, 40, 160)).save(data / f"{i}.png")
+    data = write_cards(root / "data")
     stub = training_pb2_grpc.TrainingServiceStub(grpc.insecure_channel(training.address, options=CLIENT_OPTIONS))
     job = stub.StartTraining(tpb.StartTrainingRequest(
         family=c.FAMILY_ZIMAGE, base=c.ModelSource(local_dir=str(tiny_models["zimage"])),
