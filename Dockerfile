@@ -1,4 +1,4 @@
-# One image for the three services: python -m gpu_broker | inference_service | training_service.
+# One image for the services: python -m gpu_broker | inference_service | inference_router | training_service.
 #   docker build -t diffusion-services .                                   # CUDA 13.0 torch
 #   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 -t diffusion-services .
 # It installs exactly what pyproject.toml declares (tests/test_deploy.py checks this file says so), with torch
@@ -27,6 +27,7 @@ COPY diffusion ./diffusion
 COPY diffusion_client ./diffusion_client
 COPY diffusion_kit ./diffusion_kit
 COPY gpu_broker ./gpu_broker
+COPY inference_router ./inference_router
 COPY inference_service ./inference_service
 COPY service_kit ./service_kit
 COPY training_service ./training_service

@@ -11,7 +11,7 @@ from service_kit.units import format_bytes
 from gpu_broker.lease_book import BrokerPolicy
 from gpu_broker.lease_journal import JournalError, LeaseJournal
 from gpu_broker.server import create_broker_server
-from service_kit import structured_log
+from service_kit import structured_log, tracing
 from service_kit.security import add_server_flags, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     security = server_security(args, parser)
     structured_log.configure(args.log_level)
+    tracing.configure("gpu_broker")
     asyncio.run(_main(args, security))
 
 

@@ -1,1 +1,1 @@
-"""The inference service. Contract in proto/diffusion/v1/inference.proto; the engine lands with its own issue."""
+"""The inference service: loads diffusion pipelines and generates images. Contract in proto/diffusion/v1/inference.proto."""

@@ -3,21 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from grpc_health.v1 import health_pb2
-
-from diffusion.v1 import inference_pb2, inference_pb2_grpc
+from diffusion.v1 import inference_pb2_grpc
 from inference_service.engine import InferenceEngine
+from inference_service.readiness import SERVICE_NAME, set_model_ready
 from inference_service.request_rules import RULES
 from inference_service.servicer import InferenceServicer
 from service_kit.security import ServerSecurity
 from service_kit.server_runtime import RunningServer, create_server
-
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-
-
-def model_health_name(model_id: str) -> str:
-    """The health service name that is SERVING while `model_id` is loaded: a readiness probe per model."""
-    return f"{SERVICE_NAME}/{model_id}"
 
 
 @dataclass
@@ -36,8 +28,7 @@ async def create_inference_server(listen: str, engine: InferenceEngine, security
     running = await create_server(listen, register, rules=RULES, security=security)
 
     async def model_health(model_id: str, ready: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-        await running.health.set(model_health_name(model_id), status)
+        await set_model_ready(running.health, model_id, ready)
 
     engine.on_model_change = model_health
     engine.start()

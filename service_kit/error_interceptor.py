@@ -26,7 +26,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from service_kit.auth import ANONYMOUS, OPEN_SERVICES, Caller, TokenBook, set_caller
-from service_kit.errors import ERROR_DOMAIN, InvalidArgument, ServiceError
+from service_kit.errors import ERROR_DOMAIN, InvalidArgument, Relayed, ServiceError
 from service_kit.metrics import observe_call
 from service_kit.request_limits import Rules, enforce
 
@@ -106,6 +106,8 @@ class _Edge:
             raise err
         error = err if isinstance(err, ServiceError) else _internal(err, self.method)
         self.code = error.code.name
+        if isinstance(error, Relayed):
+            await context.abort(error.code, error.message, error.trailing_metadata)
         await _abort(context, error)
 
     def _count(self, started: float, code: str | None) -> None:

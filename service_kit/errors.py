@@ -118,3 +118,18 @@ class Unimplemented(ServiceError):
 
     code = grpc.StatusCode.UNIMPLEMENTED
     default_reason = "UNIMPLEMENTED"
+
+
+class Relayed(ServiceError):
+    """A status one of our services answered to a call another forwarded (the router to a worker): the caller gets
+    its code, message and rich details (ErrorInfo, BadRequest) as the service that decided sent them."""
+
+    STATUS_DETAILS_KEY = "grpc-status-details-bin"
+
+    def __init__(self, error: grpc.aio.AioRpcError):
+        code = error.code()
+        super().__init__(error.details() or "", reason="RELAYED")
+        # UNKNOWN never comes from our services; if a worker's answer ever is, say so as a bug would be said.
+        self.code = grpc.StatusCode.INTERNAL if code is grpc.StatusCode.UNKNOWN else code
+        self.trailing_metadata = () if code is grpc.StatusCode.UNKNOWN else tuple(
+            (k, v) for k, v in (error.trailing_metadata() or ()) if k == self.STATUS_DETAILS_KEY)

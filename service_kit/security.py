@@ -125,7 +125,10 @@ def open_channel(target: str, security: ClientSecurity = INSECURE, *, aio: bool 
                                              certificate_chain=security.tls_cert)
     meta = security.metadata()
     if aio:
-        interceptors = [_TokenAioUnary(meta), _TokenAioStream(meta)] if meta else None
+        from service_kit import tracing
+
+        interceptors = [*tracing.client_interceptors(), *([_TokenAioUnary(meta), _TokenAioStream(meta)] if meta else [])]
+        interceptors = interceptors or None
         if creds is not None:
             return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
@@ -146,12 +149,13 @@ def add_server_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-client-ca", type=Path, help="PEM CA: clients must present a certificate it signed (mTLS)")
 
 
-def add_broker_client_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("calling the broker")
-    g.add_argument("--broker-token-file", type=Path, help="this service's own token for the broker (one line)")
-    g.add_argument("--broker-tls-ca", type=Path, help="PEM CA that signed the broker's certificate: talk TLS")
-    g.add_argument("--broker-tls-cert", type=Path, help="PEM client certificate for a broker that wants mTLS")
-    g.add_argument("--broker-tls-key", type=Path, help="PEM key of --broker-tls-cert")
+def add_client_flags(parser: argparse.ArgumentParser, peer: str = "broker", what: str = "the broker") -> None:
+    """--PEER-token-file, --PEER-tls-ca, --PEER-tls-cert, --PEER-tls-key: how this service calls `what`."""
+    g = parser.add_argument_group(f"calling {what}")
+    g.add_argument(f"--{peer}-token-file", type=Path, help=f"this service's own token for {what} (one line)")
+    g.add_argument(f"--{peer}-tls-ca", type=Path, help=f"PEM CA that signed the certificate of {what}: talk TLS")
+    g.add_argument(f"--{peer}-tls-cert", type=Path, help=f"PEM client certificate, when {what} wants mTLS")
+    g.add_argument(f"--{peer}-tls-key", type=Path, help=f"PEM key of --{peer}-tls-cert")
 
 
 def server_security(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ServerSecurity:
@@ -168,12 +172,14 @@ def server_security(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(str(e))
 
 
-def broker_client_security(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ClientSecurity:
-    if (args.broker_tls_cert is None) != (args.broker_tls_key is None):
-        parser.error("--broker-tls-cert and --broker-tls-key go together")
+def client_security(args: argparse.Namespace, parser: argparse.ArgumentParser, peer: str = "broker") -> ClientSecurity:
+    """What add_client_flags(parser, peer) read, checked: a bad file stops the service before it listens."""
+    arg = lambda name: getattr(args, f"{peer}_{name}")  # noqa: E731
+    if (arg("tls_cert") is None) != (arg("tls_key") is None):
+        parser.error(f"--{peer}-tls-cert and --{peer}-tls-key go together")
     try:
         read = (lambda p: Path(p).read_bytes() if p else None)
-        token = read_token_file(args.broker_token_file) if args.broker_token_file else None
-        return ClientSecurity(token, read(args.broker_tls_ca), read(args.broker_tls_cert), read(args.broker_tls_key))
+        token = read_token_file(arg("token_file")) if arg("token_file") else None
+        return ClientSecurity(token, read(arg("tls_ca")), read(arg("tls_cert")), read(arg("tls_key")))
     except (OSError, TokenFileError) as e:
         parser.error(str(e))

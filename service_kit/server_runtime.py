@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from service_kit import tracing
 from service_kit.error_interceptor import ErrorInterceptor
 from service_kit.request_limits import Limit, Rules
 from service_kit.security import ServerSecurity
@@ -94,7 +95,8 @@ async def create_server(
     """
     security = security or ServerSecurity()
     interceptor = ErrorInterceptor({**HEALTH_RULES, **(rules or {})}, security.tokens)
-    server = grpc.aio.server(interceptors=[interceptor], options=SERVER_OPTIONS)
+    # The trace span (when traces are on) wraps the edge, so it sees the final status of every call.
+    server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=SERVER_OPTIONS)
     service_names = tuple(register(server))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

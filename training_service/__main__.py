@@ -10,8 +10,8 @@ from pathlib import Path
 from diffusion_kit.compile_cache import configure_compile_cache
 from training_service.server import create_training_server
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
-from service_kit import structured_log
-from service_kit.security import add_broker_client_flags, add_server_flags, broker_client_security, server_security
+from service_kit import structured_log, tracing
+from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
 
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
     add_metrics_flag(p)
-    add_broker_client_flags(p)
+    add_client_flags(p)
     return p
 
 
@@ -93,8 +93,9 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    security, broker_security = server_security(args, parser), broker_client_security(args, parser)
+    security, broker_security = server_security(args, parser), client_security(args, parser)
     structured_log.configure(args.log_level)
+    tracing.configure("training_service")
     configure_compile_cache(args.compile_cache_dir)  # inherited by every trainer child
     asyncio.run(_main(args, security, broker_security))
 

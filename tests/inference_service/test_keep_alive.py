@@ -10,7 +10,7 @@ from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.resolved import Source
 from inference_service.keep_alive import resolve_keep_alive
-from inference_service.server import model_health_name
+from inference_service.readiness import model_health_name
 from service_kit.error_interceptor import error_info
 from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient, result_of

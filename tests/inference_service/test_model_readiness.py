@@ -5,7 +5,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from diffusion.v1 import inference_pb2 as pb
-from inference_service.server import model_health_name
+from inference_service.readiness import model_health_name
 from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient
 
