@@ -45,8 +45,9 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     import torch
 
     dtype = getattr(torch, plan.dtype.facts.torch_dtype)
-    if plan.device.startswith("cuda"):
+    if plan.device.startswith("cuda:"):
         torch.cuda.set_device(plan.device)  # this worker thread's current device: the one the lease is on
+    # plain "cuda" (no broker, so no lease names a device): the process's current device, as torch would pick
     family, src = plan.family, plan.source
     flags_before = backend_flags.snapshot()
     resolved = list(plan.resolved)

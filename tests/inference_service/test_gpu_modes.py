@@ -69,7 +69,7 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
         done, total = map(int, layers.applied.split(" of "))
         assert 0 < done <= total
         # uncompiled int8 never takes the dynamic matmul; compiled int8 keeps the per-sample layers weight-only
-        assert ("weight-only int8" in layers.reason) == (mode == "int8-off"), layers.reason
+        assert ("weight-only int8: dynamic-activation" in layers.reason) == (mode == "int8-off"), layers.reason
         assert ("one row per sample" in layers.reason) == (mode == "int8-default"), layers.reason
     out = pixels(result_of(cuda_service.generate("m", seeds=[5])))
     assert np.abs(out - base).mean() < 10, f"{mode} drifted from the bf16 eager image"
