@@ -59,9 +59,23 @@ def test_gpu_pods_share_the_nodes_broker():
     services = {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == "Service"}
     assert services["gpu-broker"]["spec"]["internalTrafficPolicy"] == "Local"
     for name, doc in workloads():
-        args = doc["spec"]["template"]["spec"]["containers"][0]["args"]
-        if args[0] != "gpu_broker":
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        args = container["args"]
+        if args[0] != "gpu_broker" and "nvidia.com/gpu" in container["resources"].get("limits", {}):
             assert args[args.index("--broker") + 1].startswith("gpu-broker."), name
+
+
+def test_the_router_lists_every_worker_the_statefulset_makes():
+    docs = {(doc["kind"], doc["metadata"]["name"]): doc for _, doc in documents()}
+    workers = docs[("StatefulSet", "inference")]
+    headless = docs[("Service", workers["spec"]["serviceName"])]
+    assert headless["spec"]["clusterIP"] == "None"
+    args = docs[("Deployment", "inference-router")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    listed = [args[i + 1] for i, a in enumerate(args) if a == "--worker"]
+    namespace = workers["metadata"]["namespace"]
+    assert listed == [f"inference-{i}.{headless['metadata']['name']}.{namespace}.svc:50052"
+                      for i in range(workers["spec"]["replicas"])]
+    assert docs[("Service", "inference")]["spec"]["selector"] == {"app": "inference-router"}
 
 
 def test_the_image_installs_what_pyproject_declares():
