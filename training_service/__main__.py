@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
+    p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
+                   help="fork each job's trainer from one process that imported the trainer's libraries once "
+                        "(started by the first job); --no-warm-trainer starts each trainer as a fresh process")
     p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="on SIGTERM, how long running jobs have to reach a step boundary and checkpoint")
     p.add_argument("--checkpoint-minutes", type=non_negative, default=10.0, metavar="MINUTES",
@@ -83,7 +86,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
                                            Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                     "--model-root"),
                                            Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
-                                                    "--dataset-root"), security)
+                                                    "--dataset-root"), security, args.warm_trainer)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))

@@ -5,7 +5,6 @@ import asyncio
 import json
 import logging
 import os
-import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -19,13 +18,12 @@ from service_kit.units import format_bytes
 from training_service import metrics
 from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service.recipe_config import RecipeConfig
+from training_service.trainer_launcher import TrainerLauncher
 from training_service.training_plan import TrainingPlan
 
 log = logging.getLogger("training_service.jobs")
 
 
-# The folder holding the training_service package: the child runs `-m training_service.trainer_child` there.
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 STDERR_TAIL = 2000
 MAX_WATCHERS_PER_JOB = 64
 
@@ -33,8 +31,9 @@ MAX_WATCHERS_PER_JOB = 64
 class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
                  compile_backend: str = "inductor", checkpoint_minutes: float = 10.0,
-                 encode_cache_dir: Path | None = None):
+                 encode_cache_dir: Path | None = None, launcher: TrainerLauncher | None = None):
         self.store = store
+        self.launcher = launcher or TrainerLauncher()
         self.encode_cache_dir = encode_cache_dir  # text encodings and latents shared by the jobs; None off
         self.checkpoint_minutes = checkpoint_minutes  # the safety net under every job, whatever it asks
         self.compile_backend = compile_backend
@@ -126,11 +125,11 @@ class JobManager:
                 return
             env = await self._on_granted_device(record, held.device_index)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "training_service.trainer_child", str(self.store.dir(record.job_id)),
-                str(os.getpid()), cwd=PACKAGE_ROOT, env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            started = await self.launcher.start(self.store.dir(record.job_id), os.getpid(), env)
+            proc = started.process
             self._procs[record.job_id] = proc
+            if started.fell_back:
+                await self._append(record, "warning", {"reason": "TRAINER_STARTED_FRESH", "message": started.how})
             try:
                 self.store.update(record, state="RUNNING")
             except OSError as e:
@@ -145,8 +144,8 @@ class JobManager:
                 await lease_ctx.__aexit__(None, None, None)
 
     async def _on_granted_device(self, record: JobRecord, index: int) -> dict | None:
-        """The child's environment: it sees only the device the lease is on (CUDA_VISIBLE_DEVICES set to that
-        device's UUID from the broker's inventory), and the job's stream says which. None: inherit as is."""
+        """What the child's environment adds: it sees only the device the lease is on (CUDA_VISIBLE_DEVICES set to
+        that device's UUID from the broker's inventory), and the job's stream says which. None: inherit as is."""
         import grpc
 
         try:
@@ -159,7 +158,7 @@ class JobManager:
                    f"granted device {index} ({uuid or 'unknown'}) of a fake inventory; the trainer's devices are "
                    "left as they are")
         await self._append(record, "phase", {"phase": "waiting_for_gpu", "message": message})
-        return {**os.environ, "CUDA_VISIBLE_DEVICES": uuid} if real else None
+        return {"CUDA_VISIBLE_DEVICES": uuid} if real else None
 
     async def drain(self, timeout_s: float) -> None:
         """The service is stopping: every running job checkpoints at its next step and ends SUSPENDED.
@@ -186,6 +185,7 @@ class JobManager:
         runners = [task for task in self._runners.values() if not task.done()]
         if runners:
             await asyncio.wait(runners, timeout=30)
+        await self.launcher.close()
 
     async def _suspend(self, record: JobRecord, event) -> None:
         """Preempted: the child checkpoints at its next step and exits; then the client library releases."""

@@ -11,16 +11,18 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
                                  client_id: str = "training-0", compile_backend: str = "inductor",
                                  drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0,
                                  probe_free_memory=None, model_roots=None, dataset_roots=None,
-                                 security=None) -> RunningServer:
+                                 security=None, warm_trainer: bool = True) -> RunningServer:
     """`model_roots` and `dataset_roots` (diffusion_kit.path_roots.Roots) confine what requests may read;
     `security` is the server's tokens and TLS (service_kit.security.ServerSecurity)."""
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.request_rules import RULES
     from training_service.servicer import TrainingServicer
+    from training_service.trainer_launcher import TrainerLauncher
 
     jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend,
-                      checkpoint_minutes, encode_cache_dir=output_root / "encode-cache")
+                      checkpoint_minutes, encode_cache_dir=output_root / "encode-cache",
+                      launcher=TrainerLauncher(warm_trainer))
 
     def register(server):
         servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory, model_roots, dataset_roots)

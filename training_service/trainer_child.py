@@ -1,4 +1,5 @@
-"""One training job in its own process: `python -m training_service.trainer_child JOB_DIR [SERVICE_PID]`.
+"""One training job in its own process: `python -m training_service.trainer_child JOB_DIR [SERVICE_PID]`, or
+forked from the warm trainer (training_service.trainer_zygote), which calls run_guarded the same way.
 
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
 `stop save`, `stop discard`, `stop suspend preempted` (the broker preempted the GPU) or
@@ -27,6 +28,17 @@ def die_with_the_service(service_pid: int) -> None:
         return  # not Linux: the next event write fails instead, within one step
     if os.getppid() != service_pid:  # the service died before the line above ran
         os._exit(1)
+
+
+PID_FILE = "trainer.pid"
+
+
+def write_pid(job_dir: Path) -> None:
+    """The trainer's process id in its job folder, for an operator (a forked trainer's command line is the
+    warm trainer's, so `pgrep` by job id does not find it)."""
+    import os
+
+    (job_dir / PID_FILE).write_text(f"{os.getpid()}\n")
 
 
 _reached = {"step": 0}  # the last step this process reported, for a failure's steps_completed
@@ -141,4 +153,5 @@ def run_guarded(job_dir: Path) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2:
         die_with_the_service(int(sys.argv[2]))
+    write_pid(Path(sys.argv[1]))
     sys.exit(run_guarded(Path(sys.argv[1])))

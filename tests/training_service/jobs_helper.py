@@ -17,3 +17,26 @@ def wait_first_step(service, job_id):
             return event.sequence
         seen.append(event)
     raise AssertionError(f"no step event: {seen}")
+
+
+def trainer_pid(out_dir, job_id, timeout: float = 60.0) -> int:
+    """The job's trainer process (its job folder's trainer.pid), waiting for it to start."""
+    import time
+    from pathlib import Path
+
+    pid_file = Path(out_dir) / "jobs" / job_id / "trainer.pid"
+    deadline = time.monotonic() + timeout
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the trainer never started"
+        time.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+def trainer_alive(pid: int) -> bool:
+    """Running, not a zombie waiting to be reaped."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,6 +1,7 @@
 """Training under a real broker: preflights before Acquire, preemption suspends with a checkpoint, crashes release."""
 import json
-import subprocess
+import os
+import signal
 
 import grpc
 import pytest
@@ -11,7 +12,7 @@ from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
-from tests.training_service.jobs_helper import request, wait_first_step
+from tests.training_service.jobs_helper import request, trainer_pid, wait_first_step
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def test_killed_child_releases_the_lease(stack, tiny_models, dirs):
     job_id = service.StartTraining(request(tiny_models, dirs, steps=200)).job_id
     wait_first_step(service, job_id)
     assert [l.holder.client_id for l in broker.status().leases] == ["training-0"]
-    subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
+    os.kill(trainer_pid(dirs["out"], job_id), signal.SIGKILL)
     timeline.wait_for("RELEASED", timeout=15)
     assert list(broker.status().leases) == []
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=30))

@@ -1,5 +1,6 @@
 """Training jobs over real loopback gRPC: a child process per job, Watch with replay, Stop, crash handling."""
-import subprocess
+import os
+import signal
 import time
 
 import grpc
@@ -13,7 +14,7 @@ from service_kit.error_interceptor import error_info
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
-from tests.training_service.jobs_helper import request, wait_first_step
+from tests.training_service.jobs_helper import request, trainer_alive, trainer_pid, wait_first_step
 
 
 def start_training_service(dirs):
@@ -81,7 +82,7 @@ def test_stop_at_a_step_boundary(service, tiny_models, dirs, mode, adapter_publi
 def test_killed_child_fails_the_job_and_the_service_lives_on(service, tiny_models, dirs):
     job_id = service.StartTraining(request(tiny_models, dirs, steps=200, checkpoint_every=2)).job_id
     saved = _watch_until(service, job_id, lambda e: e.WhichOneof("event") == "checkpoint")
-    subprocess.run(["pkill", "-KILL", "-f", f"trainer_child .*{job_id}"], check=True)
+    os.kill(trainer_pid(dirs["out"], job_id), signal.SIGKILL)
     events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=60))
     finished = events[-1].finished
     assert finished.state == pb.TRAINING_JOB_STATE_FAILED and "killed by SIGKILL" in finished.message
@@ -382,19 +383,12 @@ def test_a_killed_service_takes_its_trainer_children_with_it(tiny_models, dirs, 
     proc, channel, stub = _service_on(tmp_path / "out", dirs)
     try:
         job_id = stub.StartTraining(request(tiny_models, dirs, steps=400)).job_id
-
-        def child_alive():
-            return subprocess.run(["pgrep", "-f", f"trainer_child .*{job_id}"], capture_output=True).returncode == 0
-
-        deadline = time.monotonic() + 30
-        while not child_alive():
-            assert time.monotonic() < deadline, "the trainer child never started"
-            time.sleep(0.05)
+        pid = trainer_pid(tmp_path / "out", job_id)
     finally:
         channel.close()
         proc.stop(signal.SIGKILL)
     deadline = time.monotonic() + 1.0
-    while child_alive():
+    while trainer_alive(pid):
         assert time.monotonic() < deadline, "the trainer child outlived its service"
         time.sleep(0.05)
 
@@ -430,7 +424,7 @@ def test_a_full_disk_stops_the_job_records_why_and_leaves_nothing_running(tiny_m
         assert done.wait(60), "a watcher attached before the failure never saw the job end"
         finished = seen[-1].finished
         assert finished.state == pb.TRAINING_JOB_STATE_FAILED and "could not be written" in finished.message
-        assert subprocess.run(["pgrep", "-f", f"trainer_child .*{job_id}"], capture_output=True).returncode == 1
+        assert not trainer_alive(trainer_pid(tmp_path / "out", job_id))
         assert stub.GetTrainingJob(pb.GetTrainingJobRequest(job_id=job_id)).job.state == pb.TRAINING_JOB_STATE_FAILED
         with pytest.raises(grpc.RpcError) as e:
             stub.StopTraining(pb.StopTrainingRequest(job_id=job_id))

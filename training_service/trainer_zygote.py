@@ -1,0 +1,118 @@
+"""The warm trainer: `python -m training_service.trainer_zygote SERVICE_PID SOCKET_FD`.
+
+Imports what a trainer needs (torch, diffusers, transformers, peft) once, then forks one trainer per job, so
+a job starts without paying those imports again (seconds of CPU each). It never touches a GPU itself: a
+fork of a process holding a CUDA context cannot use CUDA, so it refuses to serve (says `unusable`) if its
+imports created one, and the service then starts each trainer fresh.
+
+Protocol, over the SOCK_SEQPACKET Unix socket the service passes as SOCKET_FD, one JSON object per message:
+- service -> here: {"job_dir": ..., "env": {...}} with three descriptors attached (the trainer's stdin, stdout
+  and stderr); the trainer runs `trainer_child.run_guarded(job_dir)` with `env` added to its environment;
+- here -> service: {"ready": true} or {"unusable": why} once; {"started": job_dir, "pid": N} per trainer;
+  {"exited": N, "code": C} when trainer N ends (C negative: killed by signal -C).
+The service closing the socket ends this process once its trainers have ended; the service dying kills it
+(and so its trainers) at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+WARM_IMPORTS = ("torch", "diffusers", "transformers", "peft", "training_service.lora_recipe")
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def _run_trainer(sock: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: become the job's trainer. Never returns."""
+    code = 1
+    try:
+        sock.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.update(request.get("env") or {})
+        from training_service.trainer_child import die_with_the_service, run_guarded, write_pid
+
+        die_with_the_service(os.getppid())  # this warm trainer, which itself dies with the service
+        write_pid(Path(request["job_dir"]))
+        code = run_guarded(Path(request["job_dir"]))
+    except BaseException:  # noqa: BLE001 - the job's stderr tail says what broke
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(sock: socket.socket, children: set[int], block: bool = False) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        try:
+            _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        except OSError:
+            pass  # the service is gone; its trainers go with this process
+
+
+def serve(sock: socket.socket) -> None:
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.2)
+        _reap(sock, children)
+        if not ready:
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # the service closed its end: wait for the trainers it already stopped, then go
+            _reap(sock, children, block=True)
+            return
+        request = json.loads(data)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _run_trainer(sock, request, fds)
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        _send(sock, {"started": request["job_dir"], "pid": pid})
+
+
+def main(service_pid: int, sock_fd: int) -> None:
+    from training_service.trainer_child import die_with_the_service
+
+    die_with_the_service(service_pid)
+    # torch's availability checks through NVML, so that nothing here creates a CUDA context.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    sock = socket.socket(fileno=sock_fd)
+    for name in WARM_IMPORTS:
+        __import__(name)
+    import torch
+
+    if torch.cuda.is_initialized():
+        _send(sock, {"unusable": "importing the trainer's libraries created a CUDA context, which a forked "
+                                 "trainer cannot use"})
+        return
+    _send(sock, {"ready": True})
+    serve(sock)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
