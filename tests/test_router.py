@@ -95,6 +95,7 @@ def _generate_via(router: InferenceClient, model_id: str) -> tuple[str, pb.Gener
     return worker, result_of(events).result
 
 
+@pytest.mark.timeout(600)  # eleven processes on two cores: two minutes alone, more beside other test files
 def test_two_hosts_four_workers_two_trainers_behind_one_router(tiny_models, tmp_path):
     data = write_cards(tmp_path / "data", size=(72, 64), count=2)
     started = []

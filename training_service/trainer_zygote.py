@@ -1,9 +1,10 @@
 """The warm trainer: `python -m training_service.trainer_zygote SERVICE_PID SOCKET_FD`.
 
-Imports what a trainer needs (torch, diffusers, transformers, peft) once, then forks one trainer per job, so
-a job starts without paying those imports again (seconds of CPU each). It never touches a GPU itself: a
-fork of a process holding a CUDA context cannot use CUDA, so it refuses to serve (says `unusable`) if its
-imports created one, and the service then starts each trainer fresh.
+Imports what a trainer needs once (torch, transformers and diffusers; where no GPU is visible, also the
+pipelines and peft, see NO_GPU_IMPORTS), then forks one trainer per job, so a job starts without paying those
+imports again (seconds of CPU each). It never touches a GPU itself: a fork of a process holding a CUDA context
+cannot use CUDA, so it refuses to serve (says `unusable`) if its imports created one, and the service then
+starts each trainer fresh.
 
 Protocol, over the SOCK_SEQPACKET Unix socket the service passes as SOCKET_FD, one JSON object per message:
 - service -> here: {"job_dir": ..., "env": {...}} with three descriptors attached (the trainer's stdin, stdout
@@ -24,7 +25,12 @@ import sys
 import traceback
 from pathlib import Path
 
-WARM_IMPORTS = ("torch", "diffusers", "transformers", "peft", "training_service.lora_recipe")
+WARM_IMPORTS = ("torch", "transformers", "diffusers")
+# The pipelines import peft, peft imports bitsandbytes, and importing bitsandbytes creates a CUDA context where
+# a GPU is visible (seen on an H200): so these are warmed only on a host without one; a GPU host's trainers
+# import them themselves.
+WARM_PIPELINES = ("ZImagePipeline", "FluxPipeline", "QwenImagePipeline", "StableDiffusionXLPipeline")
+NO_GPU_IMPORTS = ("peft", "training_service.lora_recipe")
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -104,8 +110,14 @@ def main(service_pid: int, sock_fd: int) -> None:
     sock = socket.socket(fileno=sock_fd)
     for name in WARM_IMPORTS:
         __import__(name)
+    import diffusers
     import torch
 
+    if not torch.cuda.is_available():
+        for name in WARM_PIPELINES:
+            getattr(diffusers, name)  # diffusers imports a pipeline's modules when it is first named
+        for name in NO_GPU_IMPORTS:
+            __import__(name)
     if torch.cuda.is_initialized():
         _send(sock, {"unusable": "importing the trainer's libraries created a CUDA context, which a forked "
                                  "trainer cannot use"})

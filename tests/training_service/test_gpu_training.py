@@ -50,3 +50,36 @@ def test_precision_trains_samples_and_exports(tiny_models, examples, tmp_path, f
     assert [k for k, _ in events].count("sample") == (0 if extra.get("compile") else 1)  # compile: one graph less
     assert not [d for k, d in events if k == "warning"]
     recipe.export_adapter(tmp_path / "export")
+
+
+def test_service_jobs_fork_warm_trainers_that_train_on_the_gpu(tiny_models, tmp_path):
+    """Through the service: the warm trainer's imports create no CUDA context, so the trainers it forks
+    (bf16, then nf4 with bitsandbytes' kernels) train on the GPU and none had to start fresh."""
+    import grpc
+
+    from diffusion.v1 import common_pb2 as c
+    from diffusion.v1 import training_pb2 as pb
+    from diffusion.v1 import training_pb2_grpc
+    from service_kit.server_runtime import CLIENT_OPTIONS
+    from service_kit.service_process import start_service
+    from tests.datasets import write_cards
+    from tests.service_flags import TRAINING_ROOTS
+    from tests.training_service.jobs_helper import request
+
+    dirs = {"data": write_cards(tmp_path / "data", size=(72, 64))}
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(tmp_path / "out"),
+                         "--adapter-store", str(tmp_path / "adapters"), timeout=300)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        for precision in (c.PRECISION_BF16, c.PRECISION_NF4):
+            job_id = stub.StartTraining(request(tiny_models, dirs, steps=2, base_precision=precision)).job_id
+            events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=300))
+            assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1]
+            warnings = [(e.warning.reason, e.warning.message) for e in events if e.WhichOneof("event") == "warning"]
+            assert not [w for w in warnings if w[0] == "TRAINER_STARTED_FRESH"], warnings
+            steps = [e.step for e in events if e.WhichOneof("event") == "step"]
+            assert steps and steps[-1].peak_memory_bytes > 0  # device memory: it ran on the GPU
+    finally:
+        channel.close()
+        proc.stop()
