@@ -1,4 +1,4 @@
-"""Every method of the three live services, fed hypothesis-drawn requests built from their descriptors (valid,
+"""Every method of the live services (and of the router in front of inference), fed hypothesis-drawn requests built from their descriptors (valid,
 edge and hostile values, undefined enum numbers, huge strings and lists, raw bytes): no answer is UNKNOWN or
 INTERNAL. tools/fuzz_requests.py runs the same strategies at 10,000 cases per service; docs/security.md has
 its counts."""
@@ -15,12 +15,12 @@ CASES_PER_METHOD = 25
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     procs, extra = start_stack(tmp_path_factory.mktemp("fuzz"))
-    yield {"broker": procs[0].address, "inference": procs[1].address, "training": procs[2].address}, extra
+    yield dict(zip(("broker", "inference", "training", "router"), (p.address for p in procs))), extra
     for proc in reversed(procs):
         proc.stop()
 
 
-@pytest.mark.parametrize("service", ["broker", "inference", "training"])
+@pytest.mark.parametrize("service", ["broker", "inference", "training", "router"])
 def test_no_method_answers_unknown_or_internal(stack, service):
     address, extra = stack
     counts: Counter = Counter()

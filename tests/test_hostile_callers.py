@@ -25,7 +25,7 @@ from service_kit.security import ClientSecurity, open_channel
 from service_kit.service_process import start_service
 
 TOKENS = {"admin": ("admin", 2**31 - 1), "alice": ("user", 10), "mallory": ("user", 10),
-          "inference-0": ("user", 100), "training-0": ("user", 100)}
+          "inference-0": ("user", 100), "training-0": ("user", 100), "router-0": ("user", 0)}
 
 
 def token_of(identity: str) -> str:
@@ -47,7 +47,7 @@ def stack(tmp_path_factory, tiny_models):
     tokens = root / "tokens"
     tokens.write_text("".join(f"{who} {role} {ceiling} {digest(token_of(who))}\n"
                               for who, (role, ceiling) in TOKENS.items()))
-    for who in ("inference-0", "training-0"):
+    for who in ("inference-0", "training-0", "router-0"):
         (root / f"{who}.token").write_text(token_of(who) + "\n")
     auth = ("--auth-token-file", str(tokens))
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB", *auth)
@@ -60,21 +60,24 @@ def stack(tmp_path_factory, tiny_models):
                              "--dataset-root", str(root / "datasets"), "--output-dir", str(root / "out"),
                              "--adapter-store", str(root / "adapters"), "--checkpoint-minutes", "0", *auth,
                              timeout=180)
+    router = start_service("inference_router", "--worker", inference.address, "--worker-token-file",
+                           str(root / "router-0.token"), *auth)
     channels = []
+    addresses = {"broker": broker.address, "inference": inference.address, "training": training.address,
+                 "router": router.address}
 
     def connect(service: str, who: str | None):
-        address = {"broker": broker.address, "inference": inference.address, "training": training.address}[service]
-        channel = open_channel(address, ClientSecurity(token=token_of(who) if who else None), aio=False)
+        channel = open_channel(addresses[service], ClientSecurity(token=token_of(who) if who else None), aio=False)
         channels.append(channel)
         stub = {"broker": broker_pb2_grpc.GpuBrokerServiceStub, "inference": inference_pb2_grpc.InferenceServiceStub,
-                "training": training_pb2_grpc.TrainingServiceStub}[service]
+                "training": training_pb2_grpc.TrainingServiceStub,
+                "router": inference_pb2_grpc.InferenceServiceStub}[service]
         return stub(channel)
 
-    yield {"root": root, "connect": connect, "address": {"broker": broker.address, "inference": inference.address,
-                                                         "training": training.address}}
+    yield {"root": root, "connect": connect, "address": addresses}
     for channel in channels:
         channel.close()
-    for proc in (training, inference, broker):
+    for proc in (router, training, inference, broker):
         proc.stop()
 
 
@@ -158,6 +161,30 @@ def test_a_model_and_a_generation_belong_to_their_caller(stack):
     assert mallory.GetInferenceStatus(ipb.GetInferenceStatusRequest(), timeout=5).running_generation_id == ""
     assert alice.GetInferenceStatus(ipb.GetInferenceStatusRequest(), timeout=5).running_generation_id == "alices"
     assert alice.CancelGeneration(ipb.CancelGenerationRequest(generation_id="alices"), timeout=5).was_running
+    with pytest.raises(grpc.RpcError) as e:
+        list(events)
+    assert e.value.code() == grpc.StatusCode.CANCELLED
+
+
+def test_through_the_router_every_call_is_its_callers(stack):
+    """The router checks the token itself and forwards it: a worker sees the caller, not the router."""
+    assert code_reason(stack["connect"]("router", None).ListModels, ipb.ListModelsRequest(), timeout=10) == \
+        (grpc.StatusCode.UNAUTHENTICATED, "MISSING_TOKEN")
+    load(stack)  # alice, straight at the worker
+    alice, mallory = stack["connect"]("router", "alice"), stack["connect"]("router", "mallory")
+    assert code_reason(mallory.Unload, ipb.UnloadRequest(model_id="tiny"), timeout=10) == \
+        (grpc.StatusCode.PERMISSION_DENIED, "NOT_OWNER")
+    call = alice.Generate(ipb.GenerateRequest(model_id="tiny", prompt="a card", width=64, height=64, steps=200,
+                                              generation_id="alices-routed"), timeout=120)
+    events = iter(call)
+    while next(events).WhichOneof("event") != "progress":
+        pass
+    assert code_reason(mallory.CancelGeneration, ipb.CancelGenerationRequest(generation_id="alices-routed"),
+                       timeout=5) == (grpc.StatusCode.NOT_FOUND, "GENERATION_NOT_FOUND")
+    assert mallory.GetInferenceStatus(ipb.GetInferenceStatusRequest(), timeout=5).running_generation_id == ""
+    assert alice.GetInferenceStatus(ipb.GetInferenceStatusRequest(), timeout=5).running_generation_id == \
+        "alices-routed"
+    assert alice.CancelGeneration(ipb.CancelGenerationRequest(generation_id="alices-routed"), timeout=5).was_running
     with pytest.raises(grpc.RpcError) as e:
         list(events)
     assert e.value.code() == grpc.StatusCode.CANCELLED

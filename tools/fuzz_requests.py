@@ -119,13 +119,15 @@ def call_once(channel, method: str, streaming: bool, payload: bytes, timeout: fl
 
 
 def services(address: dict[str, str]):
-    """(address, full method name, request class, streaming) for every method of the three services."""
+    """(address, full method name, request class, streaming) for every method of the services (the router
+    answers the InferenceService API in front of the inference service)."""
     from diffusion.v1 import broker_pb2, inference_pb2, training_pb2
 
     out = []
     for key, module, name in (("broker", broker_pb2, "GpuBrokerService"), ("inference", inference_pb2,
                                                                           "InferenceService"),
-                              ("training", training_pb2, "TrainingService")):
+                              ("training", training_pb2, "TrainingService"),
+                              ("router", inference_pb2, "InferenceService")):
         for m in module.DESCRIPTOR.services_by_name[name].methods:
             out.append((key, address[key], f"/{m.containing_service.full_name}/{m.name}",
                         m.input_type._concrete_class, m.server_streaming))
@@ -150,7 +152,8 @@ def fuzz_method(channel, method: str, cls, streaming: bool, cases: int, counts: 
 
 
 def start_stack(workdir: Path):
-    """Broker, inference (a tiny Z-Image loaded as 'tiny') and training, roots inside `workdir`."""
+    """Broker, inference (a tiny Z-Image loaded as 'tiny'), training and a router in front of the inference
+    service, roots inside `workdir`."""
     from diffusion.v1 import common_pb2
     from diffusion.v1 import inference_pb2 as ipb
     from diffusion.v1 import inference_pb2_grpc
@@ -172,7 +175,8 @@ def start_stack(workdir: Path):
     with grpc.insecure_channel(inference.address) as channel:
         list(inference_pb2_grpc.InferenceServiceStub(channel).Load(
             ipb.LoadRequest(model_id="tiny", source=common_pb2.ModelSource(local_dir=str(model_dir))), timeout=120))
-    return [broker, inference, training], [str(model_dir), str(data), "tiny"]
+    router = start_service("inference_router", "--worker", inference.address, "--log-level", "ERROR")
+    return [broker, inference, training, router], [str(model_dir), str(data), "tiny"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "fuzz-requests")
     args = p.parse_args(argv)
     procs, extra = start_stack(args.workdir)
-    address = {"broker": procs[0].address, "inference": procs[1].address, "training": procs[2].address}
+    address = dict(zip(("broker", "inference", "training", "router"), (p.address for p in procs)))
     try:
         per_service: dict[str, Counter] = {}
         seconds: dict[str, float] = {}
         methods = services(address)
-        for key in ("broker", "inference", "training"):
+        for key in ("broker", "inference", "training", "router"):
             t0 = time.perf_counter()
             mine = [m for m in methods if m[0] == key]
             counts = per_service.setdefault(key, Counter())
