@@ -12,7 +12,7 @@ from diffusion.v1 import inference_pb2 as pb
 from diffusion.v1 import inference_pb2_grpc
 from inference_router import metrics
 from diffusion_client.errors import ClientError
-from inference_router.worker_choice import Refusal, for_generate, for_load
+from inference_router.worker_choice import Refusal, WorkerView, for_generate, for_load
 from inference_router.workers import Worker, WorkerPool
 from service_kit.errors import FailedPrecondition, NotFound, Relayed, Unavailable, clip
 
@@ -46,6 +46,15 @@ class RouterServicer(inference_pb2_grpc.InferenceServiceServicer):
                 self.pool.set_reachable(worker, False)
             raise Relayed(e) from None
 
+    def _take(self, choice: WorkerView | Refusal, model_id: str, method: str) -> Worker:
+        """The chosen worker, counted as picked; a refusal raised as the caller's error."""
+        if isinstance(choice, Refusal):
+            raise _refuse(choice, model_id)
+        worker = self.pool.by_address(choice.address)
+        self.pool.picked(worker)
+        metrics.routed(worker.address, method)
+        return worker
+
     async def Generate(self, request, context):
         tried: set[str] = set()
         while True:
@@ -53,11 +62,7 @@ class RouterServicer(inference_pb2_grpc.InferenceServiceServicer):
             if isinstance(choice, Refusal) and choice.reason == "MODEL_NOT_LOADED" and not tried:
                 await self.pool.refresh()  # a Load straight to a worker, or a keep-alive unload, since the last poll
                 choice = for_generate(self.pool.views(), request.model_id)
-            if isinstance(choice, Refusal):
-                raise _refuse(choice, request.model_id)
-            worker = self.pool.by_address(choice.address)
-            self.pool.picked(worker)
-            metrics.routed(worker.address, "Generate")
+            worker = self._take(choice, request.model_id, "Generate")
             call = worker.stub.Generate(request, **self._call_options(context))
             answered, generation_id = False, ""
             try:
@@ -91,12 +96,7 @@ class RouterServicer(inference_pb2_grpc.InferenceServiceServicer):
 
     async def Load(self, request, context):
         await self.pool.refresh()  # loads are rare and slow: decide on what each worker has now, not at the last poll
-        choice = for_load(self.pool.views(), request.model_id)
-        if isinstance(choice, Refusal):
-            raise _refuse(choice, request.model_id)
-        worker = self.pool.by_address(choice.address)
-        self.pool.picked(worker)
-        metrics.routed(worker.address, "Load")
+        worker = self._take(for_load(self.pool.views(), request.model_id), request.model_id, "Load")
         call = worker.stub.Load(request, **self._call_options(context))
         answered = False
         try:
