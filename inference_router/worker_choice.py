@@ -42,7 +42,8 @@ def loaded_models(workers: list[WorkerView]) -> list[str]:
     return sorted({m for w in workers if w.reachable for m in w.models})
 
 
-def for_generate(workers: list[WorkerView], model_id: str, exclude: frozenset[str] = frozenset()) -> WorkerView | Refusal:
+def for_generate(workers: list[WorkerView], model_id: str,
+                 exclude: frozenset[str] = frozenset()) -> WorkerView | Refusal:
     """`exclude`: workers this call already tried and found gone."""
     with_model = [w for w in workers if w.reachable and model_id in w.models and w.address not in exclude]
     if with_model:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 
+from service_kit import tracing
 from service_kit.auth import TokenBook, TokenFileError, read_token_file
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,8 @@ def open_channel(target: str, security: ClientSecurity = INSECURE, *, aio: bool 
                                              certificate_chain=security.tls_cert)
     meta = security.metadata()
     if aio:
-        from service_kit import tracing
-
-        interceptors = [*tracing.client_interceptors(), *([_TokenAioUnary(meta), _TokenAioStream(meta)] if meta else [])]
-        interceptors = interceptors or None
+        tokens = [_TokenAioUnary(meta), _TokenAioStream(meta)] if meta else []
+        interceptors = [*tracing.client_interceptors(), *tokens] or None
         if creds is not None:
             return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

@@ -3,7 +3,8 @@
 Configured with OpenTelemetry's own environment variables, as every OTel SDK is:
 - `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): export OTLP over gRPC there
   (`OTEL_EXPORTER_OTLP_INSECURE=true` for a plaintext collector);
-- `OTEL_TRACES_EXPORTER=console`: print spans to stdout instead; `none` (or `OTEL_SDK_DISABLED=true`): off;
+- `OTEL_TRACES_EXPORTER=console`: print spans to stderr, beside the logs, instead;
+  `none` (or `OTEL_SDK_DISABLED=true`): off;
 - `OTEL_SERVICE_NAME` names the service (default: the module, e.g. inference_service); batching follows
   `OTEL_BSP_*`.
 When on, every server gets OpenTelemetry's gRPC server interceptor and every channel our code opens its
@@ -15,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ def configure(service_name: str) -> bool:
 
     exporter_name = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower()
     if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
+        exporter = ConsoleSpanExporter(out=sys.stderr)  # stdout carries the listening line a parent reads
     elif exporter_name == "otlp":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
