@@ -17,10 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository root
 
 @dataclass
 class ServiceProcess:
-    proc: subprocess.Popen
+    proc: subprocess.Popen  # or service_kit.warm_starts.ForkedProcess, which has the same surface
     address: str
     stderr_lines: list[str] = field(default_factory=list)
     metrics_port: int | None = None  # --metrics-listen's bound port
+    how: str = "a fresh interpreter"  # or forked from the warm one (service_kit.warm_starts)
 
     def log_events(self) -> list[dict]:
         """The structured log lines the service wrote so far."""
@@ -49,12 +50,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0,
-                  env: dict[str, str] | None = None) -> ServiceProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+def service_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a service starts with: ours, offline, unbuffered, this repository importable."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen([sys.executable, "-m", module, "--listen", listen, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    return env
+
+
+def use_warm_starts() -> None:
+    """From now on services start by fork from one warm interpreter where it can serve them."""
+    from service_kit import warm_starts
+
+    warm_starts.enable(service_env(), str(ROOT))
+
+
+def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0,
+                  env: dict[str, str] | None = None, fresh: bool = False) -> ServiceProcess:
+    """`fresh`: a new interpreter even where warm starts are on (`use_warm_starts`)."""
+    from service_kit import warm_starts
+
+    env = service_env(env)
+    argv = ["--listen", listen, *args]
+    warm, how = (None if fresh else warm_starts.current()), "a fresh interpreter"
+    proc = warm.spawn(module, argv, env, str(ROOT)) if warm is not None else None
+    if isinstance(proc, str):
+        proc, how = None, f"a fresh interpreter: {proc}"
+    elif proc is not None:
+        how = "forked from the warm interpreter"
+    if proc is None:
+        proc = subprocess.Popen([sys.executable, "-m", module, *argv],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     lines: list[str] = []
     threading.Thread(target=lambda: [lines.append(l.rstrip("\n")) for l in proc.stderr], daemon=True).start()
     deadline = time.monotonic() + timeout
@@ -67,6 +92,6 @@ def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout:
         except ValueError:
             continue
         if msg.get("event") == "listening":
-            return ServiceProcess(proc, msg["address"], lines, msg.get("metrics_port"))
+            return ServiceProcess(proc, msg["address"], lines, msg.get("metrics_port"), how)
     proc.kill()
     raise RuntimeError(f"{module} did not start: {' '.join(lines[-20:])}")

@@ -13,6 +13,24 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_configure(config):
+    """Services start by fork from one warm interpreter per test process (service_kit.warm_starts): the imports
+    of a fresh one cost seconds of CPU, and the tests start well over a hundred services. A service whose
+    environment changes what a library reads at import still starts fresh, and so does every one under
+    DIFFUSION_TEST_COLD_STARTS=1. The start-up tests run the interpreter's own `python -m` either way."""
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if not controller and not os.environ.get("DIFFUSION_TEST_COLD_STARTS"):
+        from service_kit.service_process import use_warm_starts
+
+        use_warm_starts()
+
+
+def pytest_unconfigure(config):
+    from service_kit import warm_starts
+
+    warm_starts.disable()
+
+
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():
         return

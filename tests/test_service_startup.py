@@ -1,4 +1,5 @@
-"""Both services start and answer health, reflection and a first real call."""
+"""Both services start as `python -m` does (a fresh interpreter) and answer health, reflection and a first
+real call."""
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -15,7 +16,8 @@ from service_kit.service_process import start_service
      lambda ch: training_pb2_grpc.TrainingServiceStub(ch).GetTrainingInfo(training_pb2.GetTrainingInfoRequest()), True),
 ])
 def test_service_starts_with_health_and_reflection(module, service, call, implemented):
-    proc = start_service(module, timeout=180)
+    proc = start_service(module, timeout=180, fresh=True)
+    assert proc.how == "a fresh interpreter"
     try:
         with grpc.insecure_channel(proc.address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
