@@ -9,6 +9,7 @@ from pathlib import Path
 
 from diffusion_kit.compile_cache import configure_compile_cache
 from training_service.server import create_training_server
+from training_service.trainer_launcher import fork_warm_trainer
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log, tracing
 from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
     p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
                    help="fork each job's trainer from one process that imported the trainer's libraries once "
-                        "(started by the first job); --no-warm-trainer starts each trainer as a fresh process")
+                        "(forked at start, it imports them when the first job asks); --no-warm-trainer starts each trainer as a fresh process")
     p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="on SIGTERM, how long running jobs have to reach a step boundary and checkpoint")
     p.add_argument("--checkpoint-minutes", type=non_negative, default=10.0, metavar="MINUTES",
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _main(args: argparse.Namespace, security, broker_security) -> None:
+async def _main(args: argparse.Namespace, security, broker_security, warm_trainer) -> None:
     from diffusion_kit.host_caps import nvml_free_bytes, probe_host, probe_host_in_child
 
     # On an NVIDIA host the probe runs in a child: this process computes nothing on the device (each job runs in
@@ -86,7 +87,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
                                            Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                     "--model-root"),
                                            Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
-                                                    "--dataset-root"), security, args.warm_trainer)
+                                                    "--dataset-root"), security, warm_trainer)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))
@@ -97,10 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     security, broker_security = server_security(args, parser), client_security(args, parser)
+    configure_compile_cache(args.compile_cache_dir)  # inherited by every trainer child
+    # Before anything starts a thread (tracing's exporter, the server): see fork_warm_trainer.
+    warm_trainer = fork_warm_trainer() if args.warm_trainer else None
     structured_log.configure(args.log_level)
     tracing.configure("training_service")
-    configure_compile_cache(args.compile_cache_dir)  # inherited by every trainer child
-    asyncio.run(_main(args, security, broker_security))
+    asyncio.run(_main(args, security, broker_security, warm_trainer))
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
                                  client_id: str = "training-0", compile_backend: str = "inductor",
                                  drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0,
                                  probe_free_memory=None, model_roots=None, dataset_roots=None,
-                                 security=None, warm_trainer: bool = True) -> RunningServer:
+                                 security=None, warm_trainer=None) -> RunningServer:
     """`model_roots` and `dataset_roots` (diffusion_kit.path_roots.Roots) confine what requests may read;
-    `security` is the server's tokens and TLS (service_kit.security.ServerSecurity)."""
+    `security` is the server's tokens and TLS (service_kit.security.ServerSecurity); `warm_trainer` is what
+    trainer_launcher.fork_warm_trainer returned (None: trainers start fresh)."""
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.request_rules import RULES

@@ -3,7 +3,9 @@ has the trainer's libraries imported already, or as a fresh interpreter when the
 
 Either way the service gets an object with the asyncio subprocess surface it uses (pid, returncode, stdin,
 stdout, stderr, wait, kill), and the job's stream says which start it was and, for a fresh one, why.
-The warm trainer is started by the first job, so a service that never trains never pays for it.
+The warm trainer is forked when the service starts (a fork copies only the calling thread, so it must come
+before the service starts any) and imports its libraries when the first job asks for it, so a service that
+never trains never pays for them.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,41 @@ log = logging.getLogger("training_service.trainer_launcher")
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # where `-m training_service...` runs
 WARM_START_TIMEOUT_S = 300.0
+
+
+def fork_warm_trainer() -> tuple[int, socket.socket] | str:
+    """Forks the warm trainer (training_service.trainer_zygote) now: its pid and our end of its socket, or why
+    it could not be forked. Call it while this process runs one thread only."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "this platform cannot tell whether the service is single-threaded (no /proc)"
+    if threads != 1:
+        return f"the service already ran {threads} threads when it could fork it"
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    service_pid = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            ours.close()
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+            from training_service import trainer_zygote
+
+            trainer_zygote.main(service_pid, theirs)
+        except BaseException:  # noqa: BLE001 - its stderr is the service's
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    theirs.close()
+    return pid, ours
 
 
 class ForkedTrainer:
@@ -51,12 +89,20 @@ class Started:
 
 
 class TrainerLauncher:
-    def __init__(self, warm: bool = True):
-        self._want_warm = warm
+    def __init__(self, warm: tuple[int, socket.socket] | str | None = None):
+        """`warm`: what fork_warm_trainer returned; None: the warm trainer is off."""
+        self._want_warm = warm is not None
         self._sock: socket.socket | None = None
-        self._zygote: asyncio.subprocess.Process | None = None
+        self._zygote: int | None = None  # the warm trainer's pid, until it is reaped
         self._starting: asyncio.Task | None = None
-        self._unusable = "" if warm else "the warm trainer is off (--no-warm-trainer)"
+        if warm is None:
+            self._unusable = "the warm trainer is off (--no-warm-trainer)"
+        elif isinstance(warm, str):
+            self._unusable = f"the warm trainer could not be forked: {warm}"
+        else:
+            self._unusable = ""
+            self._zygote, self._sock = warm
+            self._sock.setblocking(False)
         self._pending: asyncio.Queue[dict] = asyncio.Queue()  # "started" answers, in request order
         self._ended: dict[int, asyncio.Future] = {}
         self._early_ends: dict[int, int] = {}  # exits that arrived before their "started" was taken
@@ -86,24 +132,17 @@ class TrainerLauncher:
         return not self._unusable
 
     async def _start_zygote(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._zygote = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "training_service.trainer_zygote", str(os.getpid()), str(theirs.fileno()),
-                cwd=PACKAGE_ROOT, pass_fds=(theirs.fileno(),), stdin=asyncio.subprocess.DEVNULL)
-        finally:
-            theirs.close()
-        ours.setblocking(False)
-        self._sock = ours
         loop = asyncio.get_running_loop()
         try:
-            first = json.loads(await asyncio.wait_for(loop.sock_recv(ours, 65536), WARM_START_TIMEOUT_S) or b"{}")
+            await loop.sock_sendall(self._sock, json.dumps({"warm_up": True}).encode())
+            first = json.loads(await asyncio.wait_for(loop.sock_recv(self._sock, 65536), WARM_START_TIMEOUT_S)
+                               or b"{}")
         except (OSError, ValueError, asyncio.TimeoutError) as e:
             first = {"unusable": f"it did not start ({type(e).__name__})"}
         if not first.get("ready"):
             self._give_up(first.get("unusable") or "it exited while starting")
             return
-        log.info("warm trainer ready", extra={"fields": {"event": "training.warm_trainer", "pid": self._zygote.pid}})
+        log.info("warm trainer ready", extra={"fields": {"event": "training.warm_trainer", "pid": self._zygote}})
         self._reader = loop.create_task(self._read_answers())
 
     async def _read_answers(self) -> None:
@@ -173,9 +212,17 @@ class TrainerLauncher:
         if self._reader is not None:
             self._reader.cancel()
         if self._sock is not None:
-            self._sock.close()
-        if self._zygote is not None and self._zygote.returncode is None:
             try:
-                await asyncio.wait_for(self._zygote.wait(), 30)
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._sock.close()
+        if self._zygote is not None:
+            pid, self._zygote = self._zygote, None
+            try:
+                await asyncio.wait_for(asyncio.to_thread(os.waitpid, pid, 0), 30)
             except asyncio.TimeoutError:
-                self._zygote.kill()
+                os.kill(pid, signal.SIGKILL)
+                await asyncio.to_thread(os.waitpid, pid, 0)
+            except ChildProcessError:
+                pass

@@ -1,14 +1,16 @@
-"""The warm trainer: `python -m training_service.trainer_zygote SERVICE_PID SOCKET_FD`.
+"""The warm trainer: forked from the training service at its start (trainer_launcher.fork_warm_trainer).
 
-Imports what a trainer needs once (torch, transformers and diffusers; where no GPU is visible, also the
-pipelines and peft, see NO_GPU_IMPORTS), then forks one trainer per job, so a job starts without paying those
-imports again (seconds of CPU each). It never touches a GPU itself: a fork of a process holding a CUDA context
+It waits until the first job asks for it, then imports what a trainer needs once (torch, transformers and
+diffusers; where no GPU is visible, also the pipelines and peft, see NO_GPU_IMPORTS), then forks one trainer
+per job, so a job starts without paying those imports again (seconds of CPU each); whatever the service had
+imported before it forked comes free. It never touches a GPU itself: a fork of a process holding a CUDA context
 cannot use CUDA, so it refuses to serve (says `unusable`) if its imports created one, and the service then
 starts each trainer fresh.
 
-Protocol, over the SOCK_SEQPACKET Unix socket the service passes as SOCKET_FD, one JSON object per message:
-- service -> here: {"job_dir": ..., "env": {...}} with three descriptors attached (the trainer's stdin, stdout
-  and stderr); the trainer runs `trainer_child.run_guarded(job_dir)` with `env` added to its environment;
+Protocol, over a SOCK_SEQPACKET Unix socket pair, one JSON object per message:
+- service -> here: {"warm_up": true} once, first; then per job {"job_dir": ..., "env": {...}} with three
+  descriptors attached (the trainer's stdin, stdout and stderr); the trainer runs
+  `trainer_child.run_guarded(job_dir)` with `env` added to its environment;
 - here -> service: {"ready": true} or {"unusable": why} once; {"started": job_dir, "pid": N} per trainer;
   {"exited": N, "code": C} when trainer N ends (C negative: killed by signal -C).
 The service closing the socket ends this process once its trainers have ended; the service dying kills it
@@ -101,13 +103,16 @@ def serve(sock: socket.socket) -> None:
         _send(sock, {"started": request["job_dir"], "pid": pid})
 
 
-def main(service_pid: int, sock_fd: int) -> None:
+def main(service_pid: int, sock: socket.socket) -> None:
+    """In the process forked from the service: wait for the first job's call, warm up, then serve."""
     from training_service.trainer_child import die_with_the_service
 
     die_with_the_service(service_pid)
+    first = sock.recv(65536)
+    if not first:  # the service ended without a job
+        return
     # torch's availability checks through NVML, so that nothing here creates a CUDA context.
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    sock = socket.socket(fileno=sock_fd)
     for name in WARM_IMPORTS:
         __import__(name)
     import diffusers
@@ -124,7 +129,3 @@ def main(service_pid: int, sock_fd: int) -> None:
         return
     _send(sock, {"ready": True})
     serve(sock)
-
-
-if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]))
