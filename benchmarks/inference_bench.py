@@ -72,7 +72,7 @@ def setting(resolved, control):
     return next((r for r in resolved if r.control == control), None)
 
 
-def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=()):
+def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=()):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
     for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
     req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=c.ModelSource(local_dir=str(model_dir)),
@@ -115,6 +115,18 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
     record(mode, "vae_decode_ms", ms(timings.decode), "ms")
     record(mode, "image_encode_ms", ms(timings.encode_images), "ms")
     record(mode, "peak_vram_gib", max(r[1].result.peak_memory_bytes for r in results) / 2**30, "GiB")
+    for name in formats:  # the same generation in another output format: what the image encode costs end to end
+        other = pb.GenerateRequest()
+        other.CopyFrom(request)
+        other.output_format = getattr(pb, f"IMAGE_FORMAT_{name.upper()}")
+        walls, encodes = [], []
+        for _ in range(gens):
+            t = time.perf_counter()
+            out = collect(stub.Generate(other, timeout=900))
+            walls.append(time.perf_counter() - t)
+            encodes.append(ms(out.timings.encode_images))
+        record(mode, "e2e_generate_ms", statistics.median(walls) * 1000, "ms", steps=steps, format=name)
+        record(mode, "image_encode_ms", statistics.median(encodes), "ms", format=name)
     images = {steps: image_array(results[-1][1].images[0].data)}
     if steps in references:
         value = psnr(images[steps], references[steps])
@@ -164,6 +176,8 @@ def main() -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--gens", type=int, default=2)
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
+    p.add_argument("--formats", default="", help="also time each mode's Generate in these output formats "
+                                                 "(comma-separated: jpeg,webp,raw_rgb8); PNG is always timed")
     p.add_argument("--warm-restart", action="store_true", help="restart the service and time a warm compile")
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
@@ -204,7 +218,8 @@ def main() -> None:
                 continue
             print(f"--- {mode}", flush=True)
             images = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, references,
-                              extra_steps=step_counts if mode == "bf16-off" else ())
+                              extra_steps=step_counts if mode == "bf16-off" else (),
+                              formats=[f for f in args.formats.split(",") if f])
             if mode == "bf16-off":
                 import numpy as np
 
