@@ -8,6 +8,7 @@ roots are folders of this test; a canary model and caption lie outside them.
 import os
 import shutil
 import struct
+import time
 import zlib
 
 import grpc
@@ -410,7 +411,15 @@ def test_a_truncated_training_base_is_refused_before_any_lease(stack):
         weights = next((base / "transformer").glob("*.safetensors"))
         weights.write_bytes(weights.read_bytes()[:-64])
     broker = stack["connect"]("broker", "admin")
-    before = broker.Status(broker_pb2.StatusRequest(), timeout=5).state.sequence
+    # An earlier test's job may still be giving its lease back after its stream ended: wait until it has.
+    deadline = time.monotonic() + 30
+    while True:
+        state = broker.Status(broker_pb2.StatusRequest(), timeout=5).state
+        if not state.queue and all(lease.owner != "training-0" for lease in state.leases):
+            break
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    before = state.sequence
     stub = stack["connect"]("training", "alice")
     req = training_request(stack, base=common_pb2.ModelSource(local_dir=str(base)))
     assert code_reason(stub.StartTraining, req, timeout=30) == (grpc.StatusCode.INVALID_ARGUMENT, "CORRUPT_WEIGHTS")
