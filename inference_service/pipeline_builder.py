@@ -18,6 +18,7 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
+from inference_service.speed_plan import vae_decoder_compile
 from service_kit.errors import Cancelled, FailedPrecondition
 
 
@@ -100,14 +101,21 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         getattr(pipe, family.denoiser).compile_repeated_blocks(
             fullgraph=True, dynamic=True, backend=plan.compile_backend,
             **({"options": speed.compile_options} if speed.compile_options else {}))
+        vae_compile = vae_decoder_compile(family.key, compiled=True)
+        resolved.append(vae_compile)
+        if vae_compile.applied == "on":
+            compile_decoder(pipe.vae, plan.compile_backend, speed.compile_options)
         _check(abort, "compiling")
-        on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks")
+        on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
+                            f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
         t0 = time.perf_counter()
-        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution)
+        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution, decode=vae_compile.applied == "on")
         built.compile_warmup_s = time.perf_counter() - t0
         resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
                                  reason="first call; a warm compile cache spares the next process the inductor "
                                         "compile, not the tracing (measured: docs/bench/inference.md)"))
+    elif speed.mode != "off":
+        resolved.append(vae_decoder_compile(family.key, compiled=False))
     return built
 
 
@@ -192,13 +200,24 @@ def _place(pipe, plan: LoadPlan) -> None:
         pipe.enable_sequential_cpu_offload(device=device)
 
 
-def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int) -> None:
-    """The call that compiles the blocks: 2 steps at about `resolution` px, latent output (no VAE decode)."""
+def compile_decoder(vae, backend: str, options: dict) -> None:
+    """The decoder's forward compiled, its weights channels-last: the module's own call (and so the service's
+    cancel hook on it) stays eager around the compiled graph. dynamic=True: one graph for every image size."""
+    import torch
+
+    vae.to(memory_format=torch.channels_last)
+    vae.decoder.forward = torch.compile(vae.decoder.forward, dynamic=True, backend=backend,
+                                        **({"options": options} if options else {}))
+
+
+def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool = False) -> None:
+    """The call that compiles the blocks: 2 steps at about `resolution` px; with `decode`, the VAE decoder too
+    (the pipeline's own decode), else latent output."""
     import torch
 
     size = max(multiple, resolution // multiple * multiple)
     kwargs = {"prompt": "warm-up", "height": size, "width": size, "num_inference_steps": 2,
-              "generator": torch.Generator("cpu").manual_seed(0), "output_type": "latent",
+              "generator": torch.Generator("cpu").manual_seed(0), "output_type": "pt" if decode else "latent",
               fam.guidance_kwarg: fam.default_guidance}
     with torch.inference_mode():
         pipe(**kwargs)

@@ -48,6 +48,25 @@ def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> d
     return options
 
 
+# The families whose VAE is diffusers' AutoencoderKL with the FLUX.1 decoder, where a compiled decoder was
+# measured (docs/bench/inference.md: 89 -> 37 ms for a 1024x1024 decode on an H200, 48 dB from eager).
+# Qwen-Image's video VAE decodes frame by frame through a Python-side cache, and SDXL's upcasts to fp32 on
+# some calls: neither was measured compiled.
+VAE_COMPILE_FAMILIES = ("zimage", "flux1")
+
+
+def vae_decoder_compile(family: str, compiled: bool) -> Resolved:
+    """Whether the VAE decoder is compiled (channels-last) along with the denoiser."""
+    if not compiled:
+        return Resolved("vae_decoder_compile", "on", "off", Source.AUTO, Status.FELL_BACK,
+                        "the denoiser is not compiled, so neither is the decoder")
+    if family not in VAE_COMPILE_FAMILIES:
+        return Resolved("vae_decoder_compile", "on", "off", Source.AUTO, Status.UNSUPPORTED,
+                        f"a compiled decoder is measured for {', '.join(VAE_COMPILE_FAMILIES)} only")
+    return Resolved("vae_decoder_compile", "on", "on", Source.AUTO,
+                    reason="channels-last, torch.compile(dynamic=True) of the decoder's forward; compiled at load")
+
+
 def plan_speed(requested: int, *, device_kind: str, transformer_quant: Precision | None, memory_mode: str,
                compile_backend: str) -> SpeedPlan:
     asked = c.SpeedMode.Name(requested)

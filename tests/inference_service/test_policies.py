@@ -11,7 +11,7 @@ from diffusion_kit.resolved import Status
 from inference_service.capabilities import family_capabilities
 from inference_service.memory_plan import GiB, plan_memory
 from inference_service.quant_policy import resolve_quant
-from inference_service.speed_plan import asks_for_compile, compile_options, plan_speed
+from inference_service.speed_plan import asks_for_compile, compile_options, plan_speed, vae_decoder_compile
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 
 H200 = HostCaps("cuda", "NVIDIA H200", 141 * GiB, 139 * GiB, (9, 0), native_bf16=True, torchao=True,
@@ -361,3 +361,16 @@ def test_a_quantised_load_leases_its_dense_peak_or_quantises_on_the_cpu(free, on
     record = next(r for r in plan.resolved if r.control == "quantize_on")
     assert plan.quantize_on_device is on_device and record.applied == ("device" if on_device else "cpu")
     assert plan.lease_bytes == (dense if on_device else fp8) and plan.memory.device_bytes == fp8
+
+
+@pytest.mark.parametrize("family, compiled, applied, status", [
+    ("zimage", True, "on", Status.APPLIED),
+    ("flux1", True, "on", Status.APPLIED),
+    ("qwen_image", True, "off", Status.UNSUPPORTED),  # a video VAE decoding frame by frame
+    ("sdxl", True, "off", Status.UNSUPPORTED),
+    ("zimage", False, "off", Status.FELL_BACK),  # nf4 or an offload tier: nothing is compiled
+])
+def test_vae_decoder_compile(family, compiled, applied, status):
+    record = vae_decoder_compile(family, compiled)
+    assert (record.control, record.applied, record.status) == ("vae_decoder_compile", applied, status)
+    assert record.reason
