@@ -49,6 +49,7 @@ MODES: dict[str, dict] = {
     "low_vram-off": dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
     "sequential-off": dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
     "bf16-max": dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),
+    "fp8-max": dict(transformer_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_MAX),
 }
 GEN = {"zimage": dict(width=1024, height=1024, steps=9, guidance_scale=0.0),
        "flux1": dict(width=1024, height=1024, steps=28, guidance_scale=3.5)}

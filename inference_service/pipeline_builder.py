@@ -101,10 +101,10 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         getattr(pipe, family.denoiser).compile_repeated_blocks(
             fullgraph=True, dynamic=True, backend=plan.compile_backend,
             **({"options": speed.compile_options} if speed.compile_options else {}))
-        vae_compile = vae_decoder_compile(family.key, compiled=True)
+        vae_compile = vae_decoder_compile(family.key, True, speed.mode)
         resolved.append(vae_compile)
         if vae_compile.applied == "on":
-            compile_decoder(pipe.vae, plan.compile_backend, speed.compile_options)
+            compile_decoder(pipe.vae, plan.compile_backend)
         _check(abort, "compiling")
         on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
                             f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
@@ -115,7 +115,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
                                  reason="first call; a warm compile cache spares the next process the inductor "
                                         "compile, not the tracing (measured: docs/bench/inference.md)"))
     elif speed.mode != "off":
-        resolved.append(vae_decoder_compile(family.key, compiled=False))
+        resolved.append(vae_decoder_compile(family.key, False, speed.mode))
     return built
 
 
@@ -200,14 +200,14 @@ def _place(pipe, plan: LoadPlan) -> None:
         pipe.enable_sequential_cpu_offload(device=device)
 
 
-def compile_decoder(vae, backend: str, options: dict) -> None:
+def compile_decoder(vae, backend: str) -> None:
     """The decoder's forward compiled, its weights channels-last: the module's own call (and so the service's
-    cancel hook on it) stays eager around the compiled graph. dynamic=True: one graph for every image size."""
+    cancel hook on it) stays eager around the compiled graph. dynamic=True: one graph for every image size.
+    Without the mode's autotuning options: the decoder's compile alone was measured (speed_plan)."""
     import torch
 
     vae.to(memory_format=torch.channels_last)
-    vae.decoder.forward = torch.compile(vae.decoder.forward, dynamic=True, backend=backend,
-                                        **({"options": options} if options else {}))
+    vae.decoder.forward = torch.compile(vae.decoder.forward, dynamic=True, backend=backend)
 
 
 def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool = False) -> None:

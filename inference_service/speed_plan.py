@@ -49,21 +49,27 @@ def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> d
 
 
 # The families whose VAE is diffusers' AutoencoderKL with the FLUX.1 decoder, where a compiled decoder was
-# measured (docs/bench/inference.md: 89 -> 37 ms for a 1024x1024 decode on an H200, 48 dB from eager).
-# Qwen-Image's video VAE decodes frame by frame through a Python-side cache, and SDXL's upcasts to fp32 on
-# some calls: neither was measured compiled.
+# measured on an H200 (docs/bench/inference.md): a 1024x1024 decode 89 -> 37 ms, 48 dB from eager, but its
+# dynamic-shape compile added about 70 s to a Z-Image fp8 load (10 -> 80 s). So it is part of speed mode MAX,
+# whose loads already spend a minute or more compiling, and not of DEFAULT. Qwen-Image's video VAE decodes
+# frame by frame through a Python-side cache, and SDXL's upcasts to fp32 on some calls: neither was measured.
 VAE_COMPILE_FAMILIES = ("zimage", "flux1")
+VAE_COMPILE_LOAD_COST = "about 70 s more compiling at load (a Z-Image fp8 load on an H200: 10 -> 80 s)"
 
 
-def vae_decoder_compile(family: str, compiled: bool) -> Resolved:
-    """Whether the VAE decoder is compiled (channels-last) along with the denoiser."""
+def vae_decoder_compile(family: str, compiled: bool, mode: str) -> Resolved:
+    """Whether the VAE decoder is compiled (channels-last) along with the denoiser, in speed mode `mode`."""
     if not compiled:
-        return Resolved("vae_decoder_compile", "on", "off", Source.AUTO, Status.FELL_BACK,
-                        "the denoiser is not compiled, so neither is the decoder")
+        return Resolved("vae_decoder_compile", "", "off", Source.AUTO,
+                        reason="the denoiser is not compiled, so neither is the decoder")
     if family not in VAE_COMPILE_FAMILIES:
-        return Resolved("vae_decoder_compile", "on", "off", Source.AUTO, Status.UNSUPPORTED,
+        return Resolved("vae_decoder_compile", "", "off", Source.AUTO, Status.UNSUPPORTED,
                         f"a compiled decoder is measured for {', '.join(VAE_COMPILE_FAMILIES)} only")
-    return Resolved("vae_decoder_compile", "on", "on", Source.AUTO,
+    if mode != "max":
+        return Resolved("vae_decoder_compile", "", "off", Source.AUTO,
+                        reason=f"compiled in speed mode MAX only: it saves about 50 ms per 1024x1024 image for "
+                               f"{VAE_COMPILE_LOAD_COST}")
+    return Resolved("vae_decoder_compile", "", "on", Source.AUTO,
                     reason="channels-last, torch.compile(dynamic=True) of the decoder's forward; compiled at load")
 
 

@@ -27,7 +27,7 @@ def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models,
     assert s["compile"].applied.startswith("regional (aot_eager") and s["compile"].status == c.SETTING_STATUS_APPLIED
     assert s["cudnn_benchmark"].status == c.SETTING_STATUS_UNSUPPORTED  # honest on a CPU host
     assert "compile_warmup" in s
-    assert s["vae_decoder_compile"].applied == "on" and s["vae_decoder_compile"].status == c.SETTING_STATUS_APPLIED
+    assert s["vae_decoder_compile"].applied == ("on" if mode == c.SPEED_MODE_MAX else "off")
     out = pixels(result_of(client.generate("fast", seeds=[2])))
     assert np.abs(out - reference).max() <= 3
     other_size = pixels(result_of(client.generate("fast", seeds=[2], width=96, height=64)))  # one decoder graph
