@@ -21,23 +21,22 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import os
 import runpy
-import select
 import signal
 import socket
 import sys
 import traceback
 
-WARM_IMPORTS = ("grpc", "torch", "transformers", "diffusers", "huggingface_hub", "diffusion_client",
-                "gpu_broker.server", "inference_service.server", "inference_router.server", "training_service.server",
+from service_kit import fork_server
+
+WARM_IMPORTS = ("grpc", "transformers", "huggingface_hub", "diffusion_client", "gpu_broker.server",
+                "inference_service.server", "inference_router.server", "training_service.server",
                 "training_service.jobs")
-# The pipelines import peft, and peft imports bitsandbytes, which creates a CUDA context where a GPU is visible
-# (and a fork of a process holding one cannot use CUDA): these are warmed only on a host without a GPU.
-WARM_PIPELINES = ("ZImagePipeline", "FluxPipeline", "QwenImagePipeline", "StableDiffusionXLPipeline")
+# Where no GPU is visible (see fork_server.PIPELINES for why only there).
 NO_GPU_IMPORTS = ("torchao", "peft", "inference_service.engine", "training_service.lora_recipe",
                   "training_service.trainer_child")
+
 # Variables a warm library may have read already (by prefix): a child cannot change them...
 IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "DIFFUSERS_", "TORCH", "PYTORCH", "CUDA_", "NVIDIA_",
                    "OMP_", "MKL_", "KMP_", "XDG_", "HOME", "PYTHON", "LD_", "GRPC_", "BNB_", "TOKENIZERS_")
@@ -58,19 +57,11 @@ def import_time_differences(env: dict[str, str], ours: dict[str, str]) -> list[s
     return sorted(k for k in names if value(env, k) != value(ours, k))
 
 
-def _send(sock: socket.socket, message: dict) -> None:
-    sock.send(json.dumps(message).encode())
-
-
 def _become(sock: socket.socket, request: dict, fds: list[int]) -> None:
     """In the forked child: become `python -m MODULE ARGV`. Never returns."""
     code: int | str | None = 1
     try:
-        sock.close()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        fork_server.take_stdio(sock, fds)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(request["env"])
@@ -94,80 +85,23 @@ def _become(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code or 0)
 
 
-def _reap(sock: socket.socket, children: set[int], block: bool = False) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        children.discard(pid)
-        try:
-            _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-        except OSError:
-            pass
-
-
-def serve(sock: socket.socket, ours: dict[str, str]) -> None:
-    children: set[int] = set()
-    while True:
-        ready, _, _ = select.select([sock], [], [], 0.1)
-        _reap(sock, children)
-        if not ready:
-            continue
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 3)
-        except OSError:
-            data, fds = b"", []
-        if not data:  # the caller is gone: so are its services
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _reap(sock, children, block=True)
-            return
-        request = json.loads(data)
-        differ = import_time_differences(request["env"], ours)
-        if differ:
-            for fd in fds:
-                os.close(fd)
-            _send(sock, {"cold": f"set differently from the warm interpreter, read at import: {', '.join(differ)}"})
-            continue
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _become(sock, request, fds)
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        _send(sock, {"started": pid})
-
-
 def main(sock_fd: int) -> None:
     ours = dict(os.environ)  # what the children are compared with, before this process sets anything
     sock = socket.socket(fileno=sock_fd)
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # torch asks NVML, so nothing here creates a CUDA context
-    for name in WARM_IMPORTS:
-        __import__(name)
-    import diffusers
-    import torch
-
-    if not torch.cuda.is_available():
-        for name in WARM_PIPELINES:
-            getattr(diffusers, name)  # diffusers imports a pipeline's modules when it is first named
-        for name in NO_GPU_IMPORTS:
-            __import__(name)
-    if torch.cuda.is_initialized():
-        _send(sock, {"unusable": "importing the services' libraries created a CUDA context, which a forked "
-                                 "service cannot use"})
+    unusable = fork_server.warm_imports(WARM_IMPORTS, NO_GPU_IMPORTS)
+    if unusable:
+        fork_server.send(sock, {"unusable": unusable})
         return
     gc.collect()
     gc.freeze()  # children do not copy the pages of what was imported when their collector runs
-    _send(sock, {"ready": True})
-    serve(sock, ours)
+    fork_server.send(sock, {"ready": True})
+    fork_server.serve(sock, _become, lambda request, pid: {"started": pid}, kill_on_close=True,
+                      refuse=lambda request: _cold_because(request["env"], ours))
+
+
+def _cold_because(env: dict[str, str], ours: dict[str, str]) -> str:
+    differ = import_time_differences(env, ours)
+    return f"set differently from the warm interpreter, read at import: {', '.join(differ)}" if differ else ""
 
 
 if __name__ == "__main__":

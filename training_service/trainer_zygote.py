@@ -18,36 +18,23 @@ The service closing the socket ends this process once its trainers have ended; t
 """
 from __future__ import annotations
 
-import json
 import os
-import select
-import signal
-import socket
 import sys
 import traceback
 from pathlib import Path
 
-WARM_IMPORTS = ("torch", "transformers", "diffusers")
-# The pipelines import peft, peft imports bitsandbytes, and importing bitsandbytes creates a CUDA context where
-# a GPU is visible (seen on an H200): so these are warmed only on a host without one; a GPU host's trainers
-# import them themselves.
-WARM_PIPELINES = ("ZImagePipeline", "FluxPipeline", "QwenImagePipeline", "StableDiffusionXLPipeline")
+from service_kit import fork_server
+
+WARM_IMPORTS = ("transformers",)
+# Where no GPU is visible (see fork_server.PIPELINES for why only there); a GPU host's trainers import these.
 NO_GPU_IMPORTS = ("peft", "training_service.lora_recipe")
 
 
-def _send(sock: socket.socket, message: dict) -> None:
-    sock.send(json.dumps(message).encode())
-
-
-def _run_trainer(sock: socket.socket, request: dict, fds: list[int]) -> None:
+def _run_trainer(sock, request: dict, fds: list[int]) -> None:
     """In the forked child: become the job's trainer. Never returns."""
     code = 1
     try:
-        sock.close()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        fork_server.take_stdio(sock, fds)
         os.environ.update(request.get("env") or {})
         from training_service.trainer_child import die_with_the_service, run_guarded, write_pid
 
@@ -62,70 +49,18 @@ def _run_trainer(sock: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
-def _reap(sock: socket.socket, children: set[int], block: bool = False) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        children.discard(pid)
-        try:
-            _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-        except OSError:
-            pass  # the service is gone; its trainers go with this process
-
-
-def serve(sock: socket.socket) -> None:
-    children: set[int] = set()
-    while True:
-        ready, _, _ = select.select([sock], [], [], 0.2)
-        _reap(sock, children)
-        if not ready:
-            continue
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 3)
-        except OSError:
-            data, fds = b"", []
-        if not data:  # the service closed its end: wait for the trainers it already stopped, then go
-            _reap(sock, children, block=True)
-            return
-        request = json.loads(data)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _run_trainer(sock, request, fds)
-        for fd in fds:
-            os.close(fd)
-        children.add(pid)
-        _send(sock, {"started": request["job_dir"], "pid": pid})
-
-
-def main(service_pid: int, sock: socket.socket) -> None:
-    """In the process forked from the service: wait for the first job's call, warm up, then serve."""
+def main(service_pid: int, sock) -> None:
+    """In the process forked from the service: wait for the first job's call, warm up, then serve. When the
+    service closes its end, wait for the trainers it already stopped, then go."""
     from training_service.trainer_child import die_with_the_service
 
     die_with_the_service(service_pid)
     first = sock.recv(65536)
     if not first:  # the service ended without a job
         return
-    # torch's availability checks through NVML, so that nothing here creates a CUDA context.
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    for name in WARM_IMPORTS:
-        __import__(name)
-    import diffusers
-    import torch
-
-    if not torch.cuda.is_available():
-        for name in WARM_PIPELINES:
-            getattr(diffusers, name)  # diffusers imports a pipeline's modules when it is first named
-        for name in NO_GPU_IMPORTS:
-            __import__(name)
-    if torch.cuda.is_initialized():
-        _send(sock, {"unusable": "importing the trainer's libraries created a CUDA context, which a forked "
-                                 "trainer cannot use"})
+    unusable = fork_server.warm_imports(WARM_IMPORTS, NO_GPU_IMPORTS)
+    if unusable:
+        fork_server.send(sock, {"unusable": unusable})
         return
-    _send(sock, {"ready": True})
-    serve(sock)
+    fork_server.send(sock, {"ready": True})
+    fork_server.serve(sock, _run_trainer, lambda request, pid: {"started": request["job_dir"], "pid": pid})
