@@ -14,7 +14,7 @@ from gpu_broker.server import create_broker_server
 from service_kit import structured_log, tracing
 from service_kit.security import add_server_flags, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
-from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled, stop_signals
 
 log = logging.getLogger("gpu_broker")
 
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security) -> None:
+    stop = stop_signals()  # before the service listens
     if args.fake_devices:
         devices, source = parse_fake_devices(args.fake_devices), "fake"
     else:
@@ -90,7 +91,7 @@ async def _main(args: argparse.Namespace, security) -> None:
         "devices": [f"{d.index}:{d.name}:{format_bytes(d.total_bytes)}" for d in devices],
         "context_reserve": format_bytes(reserve)}})
     announce("gpu_broker", args.listen, broker.port, maybe_serve_metrics(args))
-    await serve_until_signalled(broker.running, args.shutdown_grace)
+    await serve_until_signalled(broker.running, args.shutdown_grace, stop)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ import logging
 from service_kit import structured_log, tracing
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
-from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled, stop_signals
 
 log = logging.getLogger("inference_router")
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security, worker_security) -> None:
+    stop = stop_signals()  # before the service listens
     from inference_router.server import create_router_server
     from inference_router.workers import WorkerPool
 
@@ -42,7 +43,7 @@ async def _main(args: argparse.Namespace, security, worker_security) -> None:
     log.info("inference router started", extra={"fields": {
         "event": "router.started", "port": running.port, "workers": args.worker}})
     announce("inference_router", args.listen, running.port, maybe_serve_metrics(args))
-    await serve_until_signalled(running, args.shutdown_grace)
+    await serve_until_signalled(running, args.shutdown_grace, stop)
 
 
 def main(argv: list[str] | None = None) -> None:

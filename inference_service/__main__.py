@@ -12,7 +12,7 @@ from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log, tracing
 from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
-from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled, stop_signals
 
 log = logging.getLogger("inference_service")
 
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security, broker_security) -> None:
+    stop = stop_signals()  # before the service listens
     from diffusion_kit.adapter_store import AdapterStore
     from diffusion_kit.host_caps import probe_host
     from inference_service.engine import InferenceEngine
@@ -91,7 +92,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
         "device": caps.device_name, "device_kind": caps.device_kind, "quant_schemes": sorted(caps.quant_schemes)}})
     announce("inference_service", args.listen, server.running.port, maybe_serve_metrics(args))
     try:
-        await serve_until_signalled(server.running, args.shutdown_grace)
+        await serve_until_signalled(server.running, args.shutdown_grace, stop)
     finally:
         if broker is not None:
             await broker.close()

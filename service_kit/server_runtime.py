@@ -121,12 +121,19 @@ def announce(service: str, listen: str, port: int, metrics_port: int | None = No
     print(json.dumps(line), flush=True)
 
 
-async def serve_until_signalled(running: RunningServer, grace_s: float = 5.0) -> None:
-    """Runs until SIGTERM or SIGINT, then drains and stops gracefully."""
+def stop_signals() -> asyncio.Event:
+    """An event SIGTERM or SIGINT sets. A service calls it first thing, before it listens: a stop that arrives
+    once it is ready (its listening line, its SERVING health answer) then drains, instead of the signal's
+    default action killing it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def serve_until_signalled(running: RunningServer, grace_s: float, stop: asyncio.Event) -> None:
+    """Runs until `stop` (stop_signals) is set, then drains and stops gracefully."""
     await stop.wait()
     log.info("shutting down", extra={"fields": {"grace_s": grace_s}})
     await running.stop(grace_s)

@@ -34,3 +34,16 @@ def test_service_starts_with_health_and_reflection(module, service, call, implem
                 assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     finally:
         assert proc.stop() == 0
+
+
+@pytest.mark.parametrize("module, args", [
+    ("gpu_broker", ("--fake-devices", "1x24GiB")),
+    ("inference_service", ()),
+    ("training_service", ()),
+    ("inference_router", ("--worker", "127.0.0.1:1")),
+])
+def test_sigterm_right_after_the_listening_line_stops_gracefully(module, args):
+    """The stop signals are handled from before the service listens: an orchestrator that stops a service the
+    moment it is ready gets a drained exit (0), not a death by the signal."""
+    proc = start_service(module, *args, timeout=180)
+    assert proc.stop() == 0, proc.stderr_lines[-5:]

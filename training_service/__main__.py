@@ -14,7 +14,7 @@ from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log, tracing
 from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
-from service_kit.server_runtime import announce, parse_listen, serve_until_signalled
+from service_kit.server_runtime import announce, parse_listen, serve_until_signalled, stop_signals
 
 log = logging.getLogger("training_service")
 
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, security, broker_security, warm_trainer) -> None:
+    stop = stop_signals()  # before the service listens
     from diffusion_kit.host_caps import nvml_free_bytes, probe_host, probe_host_in_child
 
     # On an NVIDIA host the probe runs in a child: this process computes nothing on the device (each job runs in
@@ -91,7 +92,7 @@ async def _main(args: argparse.Namespace, security, broker_security, warm_traine
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))
-    await serve_until_signalled(running, args.shutdown_grace)
+    await serve_until_signalled(running, args.shutdown_grace, stop)
 
 
 def main(argv: list[str] | None = None) -> None:
