@@ -32,8 +32,13 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def gpu_busy_share(fn, steps: int) -> float | None:
-    """The share of wall time that CUDA kernels ran, over `steps` calls of fn (None without a GPU)."""
+HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize",
+              "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::to", "aten::copy_")
+
+
+def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, dict[str, float]] | None:
+    """The share of wall time that CUDA kernels ran over `steps` calls of fn, and the per-step count of the host
+    calls that launch, copy or wait (None without a GPU). `table` gets the profiler's busiest host ops."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -47,7 +52,13 @@ def gpu_busy_share(fn, steps: int) -> float | None:
         wall = time.perf_counter() - t0
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
-    return busy_us / 1e6 / wall
+    averages = prof.key_averages()
+    counts = {e.key: e.count / steps for e in averages if e.key in HOST_CALLS}
+    if table is not None:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" +
+                         averages.table(sort_by="self_device_time_total", row_limit=25))
+    return busy_us / 1e6 / wall, counts
 
 
 def main() -> None:
@@ -58,6 +69,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", type=Path)
+    p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
@@ -106,10 +118,14 @@ def main() -> None:
         record(mode, f"{name}_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
 
     for name, fn in (("recipe", lambda: recipe.train(until_step=recipe.state.step + 1)), ("bare", bare_step)):
-        share = gpu_busy_share(fn, 1 if name == "recipe" else 3)
-        if share is not None:
+        table = args.tables / f"{args.family}-{mode}-{name}.txt" if args.tables else None
+        traced = gpu_busy_share(fn, 3, table)
+        if traced is not None:
+            share, counts = traced
             record(mode, f"{name}_gpu_busy_share", share, "fraction",
                    note="CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)")
+            for call, per_step in sorted(counts.items()):
+                record(mode, f"{name}_{call}_per_step", per_step, "calls")
 
 
 if __name__ == "__main__":
