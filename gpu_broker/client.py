@@ -1,8 +1,8 @@
 """The broker client the services use: `async with broker.lease(...) as lease:`.
 
 It waits for the grant (retrying while the broker is unreachable), runs the holder's
-preempt and abort callbacks, releases on preempt and on exit, and re-acquires the
-same budget when the broker restarts under a held lease.
+preempt, abort and yield callbacks, releases on preempt and on exit, and re-acquires the
+same budget when the broker restarts under a held lease (saying again that it is busy, if it was).
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ log = logging.getLogger(__name__)
 PreemptCallback = Callable[[broker_pb2.PreemptRequested], Awaitable[None]]
 AbortCallback = Callable[[broker_pb2.AbortRequested], Awaitable[None]]
 LostCallback = Callable[[grpc.RpcError], Awaitable[None]]
+# A batch lease: True with the YieldRequested event (pause between steps), False with YieldWithdrawn (resume).
+YieldCallback = Callable[[bool, "broker_pb2.YieldRequested | broker_pb2.YieldWithdrawn"], Awaitable[None]]
+SET_BUSY_TIMEOUT_S = 2.0
 
 
 class LeaseError(Exception):
@@ -44,6 +47,7 @@ class LeaseRequest:
     fail_fast: bool = False
     release_grace_s: float | None = None
     reclaim_lease_id: str = ""  # set by the library when it re-acquires after losing the broker
+    batch: bool = False  # throughput work (training): yields compute to busy interactive holders on its device
 
     def to_proto(self) -> broker_pb2.AcquireRequest:
         req = broker_pb2.AcquireRequest(
@@ -52,6 +56,7 @@ class LeaseRequest:
             memory_bytes=self.memory_bytes,
             wait_policy=broker_pb2.WAIT_POLICY_FAIL_FAST if self.fail_fast else broker_pb2.WAIT_POLICY_QUEUE,
             reclaim_lease_id=self.reclaim_lease_id,
+            compute_class=broker_pb2.COMPUTE_CLASS_BATCH if self.batch else broker_pb2.COMPUTE_CLASS_INTERACTIVE,
         )
         if self.device_index is not None:
             req.device_index = self.device_index
@@ -67,13 +72,17 @@ class HeldLease:
 
     def __init__(self, client: "BrokerClient", request: LeaseRequest, *, on_preempt: PreemptCallback | None,
                  on_abort: AbortCallback | None, on_lost: LostCallback | None, reconnect: bool,
-                 on_queued: Callable[[broker_pb2.LeaseQueued], None] | None = None):
+                 on_queued: Callable[[broker_pb2.LeaseQueued], None] | None = None,
+                 on_yield: YieldCallback | None = None):
         self._client = client
         self.request = request
         self._on_preempt = on_preempt
         self._on_abort = on_abort
         self._on_lost = on_lost
         self._on_queued = on_queued
+        self._on_yield = on_yield
+        self._busy = False  # what this holder last said with set_busy, said again after a re-claim
+        self.yielding = asyncio.Event()  # a batch lease: set while asked to yield
         self._reconnect = reconnect
         self.lease: broker_pb2.Lease | None = None
         self.request_id = ""
@@ -113,6 +122,8 @@ class HeldLease:
                         self.lease = event.granted
                         self.valid.set()
                         self._reader = asyncio.get_running_loop().create_task(self._follow())
+                        if self._busy:  # a re-claimed lease: the restarted broker did not keep it
+                            await self._say_busy(True)
                         return
                 raise LeaseError(grpc.StatusCode.UNKNOWN, "Acquire stream ended before a grant")
             except grpc.aio.AioRpcError as e:
@@ -136,6 +147,11 @@ class HeldLease:
                         return
                 if kind == "preempt_withdrawn":
                     self.preempt_requested.clear()
+                elif kind in ("yield_requested", "yield_withdrawn"):
+                    yielding = kind == "yield_requested"
+                    (self.yielding.set if yielding else self.yielding.clear)()
+                    if self._on_yield:
+                        await self._on_yield(yielding, getattr(event, kind))
                 elif kind == "abort_requested":
                     self.abort_requested.set()
                     if self._on_abort:
@@ -156,6 +172,18 @@ class HeldLease:
                 # else ask for the same budget again.
                 self.request = replace(self.request, reclaim_lease_id=self.lease_id)
                 await self._open(connect_timeout_s=None)
+
+    async def set_busy(self, busy: bool) -> list[str]:
+        """An interactive lease says whether its latency-sensitive work is under way, so batch work on its device
+        yields (or resumes). Returns the leases that yield to it now. Raises grpc.aio.AioRpcError as the broker
+        answered (an older broker: UNIMPLEMENTED)."""
+        self._busy = busy
+        return await self._say_busy(busy)
+
+    async def _say_busy(self, busy: bool) -> list[str]:
+        reply = await self._client.stub.SetBusy(broker_pb2.SetBusyRequest(lease_id=self.lease_id, busy=busy),
+                                                timeout=SET_BUSY_TIMEOUT_S)
+        return list(reply.yielding_lease_ids)
 
     async def release(self) -> None:
         """Gives the lease back; safe to call twice and from several tasks at once.
@@ -234,16 +262,19 @@ class BrokerClient:
     def lease(self, request: LeaseRequest, *, on_preempt: PreemptCallback | None = None,
               on_abort: AbortCallback | None = None, on_lost: LostCallback | None = None,
               on_queued: Callable[[broker_pb2.LeaseQueued], None] | None = None,
+              on_yield: YieldCallback | None = None,
               reconnect: bool = True, connect_timeout_s: float | None = 10.0) -> _LeaseContext:
         """Acquires on enter, releases on exit.
 
         On a preempt event, `on_preempt` runs (stop work, unload) and then the lease is
         released. Without a callback only `preempt_requested` is set: the holder's own loop
-        must stop and release before the deadline. With `reconnect`, a lease lost because the broker became
+        must stop and release before the deadline. A batch lease's `on_yield` runs with True when the broker asks
+        it to pause between steps for busy interactive work on its device, and with False when it may resume
+        (`yielding` follows the same). With `reconnect`, a lease lost because the broker became
         unavailable is re-acquired with the same request; `valid` is clear meanwhile.
         """
         held = HeldLease(self, request, on_preempt=on_preempt, on_abort=on_abort, on_lost=on_lost,
-                         on_queued=on_queued, reconnect=reconnect)
+                         on_queued=on_queued, on_yield=on_yield, reconnect=reconnect)
         return _LeaseContext(held, connect_timeout_s)
 
     async def status(self) -> broker_pb2.BrokerState:

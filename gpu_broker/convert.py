@@ -21,6 +21,9 @@ def acquire_spec(req: broker_pb2.AcquireRequest) -> lb.AcquireSpec:
     if req.wait_policy not in (broker_pb2.WAIT_POLICY_UNSPECIFIED, broker_pb2.WAIT_POLICY_QUEUE,
                                broker_pb2.WAIT_POLICY_FAIL_FAST):
         raise InvalidArgument(f"unknown wait_policy {req.wait_policy}", reason="UNKNOWN_ENUM_VALUE")
+    if req.compute_class not in broker_pb2.ComputeClass.values():
+        raise InvalidArgument(f"unknown compute_class {req.compute_class}", reason="UNKNOWN_ENUM_VALUE",
+                              field="compute_class")
     grace = None
     if req.HasField("release_grace"):
         grace = req.release_grace.ToNanoseconds() / 1e9
@@ -31,6 +34,7 @@ def acquire_spec(req: broker_pb2.AcquireRequest) -> lb.AcquireSpec:
         fail_fast=req.wait_policy == broker_pb2.WAIT_POLICY_FAIL_FAST,
         release_grace_s=grace,
         reclaim_lease_id=req.reclaim_lease_id,
+        batch=req.compute_class == broker_pb2.COMPUTE_CLASS_BATCH,
     )
 
 
@@ -55,6 +59,9 @@ def lease_msg(lease: lb.LeaseRecord) -> broker_pb2.Lease:
         missed_preempt_deadlines=lease.missed_preempt_deadlines,
         granted_priority=lease.granted_priority,
         owner=lease.owner,
+        compute_class=broker_pb2.COMPUTE_CLASS_BATCH if lease.batch else broker_pb2.COMPUTE_CLASS_INTERACTIVE,
+        busy=lease.busy,
+        yielding_to_lease_id=lease.yielding_to,
     )
     if lease.preempt_deadline is not None:
         msg.preempt_deadline.CopyFrom(timestamp(lease.preempt_deadline))
@@ -81,6 +88,11 @@ def acquire_response(notice: lb.Notice, sequence: int) -> broker_pb2.AcquireResp
         msg.preempt_withdrawn.CopyFrom(broker_pb2.PreemptWithdrawn(lease_id=ev.lease_id, reason=ev.reason))
     elif isinstance(ev, lb.AbortRequested):
         msg.abort_requested.CopyFrom(broker_pb2.AbortRequested(lease_id=ev.lease_id, reason=ev.reason))
+    elif isinstance(ev, lb.YieldRequested):
+        msg.yield_requested.CopyFrom(broker_pb2.YieldRequested(lease_id=ev.lease_id, for_lease_id=ev.for_lease_id,
+                                                               for_holder=holder_msg(ev.for_holder)))
+    elif isinstance(ev, lb.YieldWithdrawn):
+        msg.yield_withdrawn.CopyFrom(broker_pb2.YieldWithdrawn(lease_id=ev.lease_id, reason=ev.reason))
     elif isinstance(ev, lb.Released):
         msg.released.CopyFrom(broker_pb2.LeaseReleased(lease=lease_msg(ev.lease), held=duration(ev.held_s)))
     else:  # pragma: no cover - Ended never reaches the wire as an event

@@ -15,7 +15,7 @@ from enum import Enum
 
 from sortedcontainers import SortedKeyList
 
-from gpu_broker import placement
+from gpu_broker import compute_share, placement
 from gpu_broker.inventory import DeviceInfo
 from service_kit.units import format_bytes
 from service_kit.auth import ANONYMOUS, Caller
@@ -54,6 +54,7 @@ class AcquireSpec:
     release_grace_s: float | None = None  # None = the broker's default
     owner: str = ANONYMOUS.identity  # the authenticated identity that asked; only it (or an admin) may end it
     reclaim_lease_id: str = ""  # the lease this holder held before the broker restarted
+    batch: bool = False  # throughput work (training): yields compute to busy interactive holders on its device
 
 
 class LeaseState(Enum):
@@ -85,6 +86,9 @@ class LeaseRecord:
     missed_preempt_deadlines: int = 0
     reclaim_deadline: float | None = None  # AWAITING_RECLAIM: freed at this time unless re-claimed
     over_lease: bool = False  # its processes were last seen using more than it holds
+    batch: bool = False  # throughput work: yields compute between its steps (gpu_broker.compute_share)
+    busy: bool = False  # interactive work said to be under way (SetBusy); never journaled
+    yielding_to: str = ""  # while a batch lease yields: the busy lease it yields to
 
 
 @dataclass
@@ -142,6 +146,19 @@ class AbortRequested:
 
 
 @dataclass(frozen=True)
+class YieldRequested:
+    lease_id: str
+    for_lease_id: str
+    for_holder: Holder
+
+
+@dataclass(frozen=True)
+class YieldWithdrawn:
+    lease_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Released:
     lease: LeaseRecord
     held_s: float
@@ -154,7 +171,8 @@ class Ended:
     error: ServiceError | None = None
 
 
-StreamEvent = Queued | Preempting | Granted | PreemptRequested | PreemptWithdrawn | AbortRequested | Released | Ended
+StreamEvent = (Queued | Preempting | Granted | PreemptRequested | PreemptWithdrawn | AbortRequested | YieldRequested
+               | YieldWithdrawn | Released | Ended)
 
 
 @dataclass(frozen=True)
@@ -179,6 +197,8 @@ class TransitionKind(Enum):
     AWAITING_RECLAIM = "awaiting_reclaim"
     RECLAIM_EXPIRED = "reclaim_expired"
     OVER_LEASE = "over_lease"
+    YIELD_REQUESTED = "yield_requested"
+    YIELD_WITHDRAWN = "yield_withdrawn"
 
 
 @dataclass(frozen=True)
@@ -258,7 +278,7 @@ class LeaseBook:
             if not 0 <= lease.device_index < len(self.devices):
                 continue  # the inventory changed: nothing to keep on a device that is gone
             restored = replace(lease, request_id="", state=LeaseState.AWAITING_RECLAIM, preempt_deadline=None,
-                               preempt_for=None, reclaim_deadline=deadline)
+                               preempt_for=None, reclaim_deadline=deadline, busy=False, yielding_to="")
             self._leases[restored.lease_id] = restored
             self._transition(now, TransitionKind.AWAITING_RECLAIM, lease_id=restored.lease_id, holder=restored.holder,
                              device_index=restored.device_index,
@@ -371,6 +391,27 @@ class LeaseBook:
                          holder=lease.holder, device_index=lease.device_index, detail=why)
         return CancelOutcome.ABORT_REQUESTED
 
+    def set_busy(self, lease_id: str, busy: bool, now: float, caller: Caller = ANONYMOUS) -> tuple[str, ...]:
+        """An interactive holder says whether its latency-sensitive work is under way; the batch leases on its device
+        that must yield (or may resume) hear it. Returns the leases that yield to it now."""
+        if not lease_id:
+            raise InvalidArgument("lease_id is required", reason="MISSING_LEASE_ID")
+        lease = self._leases.get(lease_id)
+        if lease is None:
+            raise NotFound(f"no live lease {lease_id!r}; it was never granted or is already released",
+                           reason="LEASE_NOT_FOUND", metadata={"lease_id": lease_id})
+        _check_owner(caller, lease.owner, f"lease {lease_id}")
+        if lease.state is LeaseState.AWAITING_RECLAIM:
+            raise FailedPrecondition(f"lease {lease_id} awaits re-claim after a broker restart; re-claim it "
+                                     "(Acquire with reclaim_lease_id) before saying it is busy",
+                                     reason="LEASE_AWAITING_RECLAIM")
+        if lease.batch:
+            raise FailedPrecondition(f"lease {lease_id} is batch work (COMPUTE_CLASS_BATCH): only an interactive "
+                                     "lease is busy for others to yield to", reason="BATCH_LEASE_NOT_BUSY")
+        lease.busy = busy
+        self._share(now)
+        return tuple(sorted(x.lease_id for x in self._leases.values() if x.yielding_to == lease_id))
+
     def tick(self, now: float) -> None:
         """Fails preemptions whose victims missed their deadline, frees journaled leases nobody re-claimed in
         time, and re-ranks the aged queue."""
@@ -444,7 +485,7 @@ class LeaseBook:
         return [{"lease_id": x.lease_id, "client_id": x.holder.client_id, "purpose": x.holder.purpose,
                  "priority": x.holder.priority, "pid": x.holder.pid, "device_index": x.device_index, "memory_bytes": x.memory_bytes,
                  "exclusive": x.exclusive, "granted_at": x.granted_at, "granted_priority": x.granted_priority,
-                 "release_grace_s": x.release_grace_s, "owner": x.owner}
+                 "release_grace_s": x.release_grace_s, "owner": x.owner, "batch": x.batch}
                 for x in sorted(self._leases.values(), key=lambda x: x.lease_id)]
 
     @staticmethod
@@ -453,7 +494,8 @@ class LeaseBook:
                             holder=Holder(e["client_id"], e.get("purpose", ""), e.get("priority", 0), e.get("pid", 0)),
                             device_index=e["device_index"], memory_bytes=e["memory_bytes"], exclusive=e["exclusive"],
                             granted_at=e["granted_at"], granted_priority=e["granted_priority"],
-                            release_grace_s=e["release_grace_s"], owner=e["owner"]) for e in entries]
+                            release_grace_s=e["release_grace_s"], owner=e["owner"], batch=e.get("batch", False))
+                for e in entries]
 
     def lease_for_request(self, request_id: str) -> LeaseRecord | None:
         lease_id = self._lease_of_request.get(request_id)
@@ -506,6 +548,7 @@ class LeaseBook:
         self._transition(now, TransitionKind.GRANTED, request_id=request_id, lease_id=lease.lease_id,
                          holder=lease.holder, device_index=lease.device_index,
                          detail=f"{format_bytes(lease.memory_bytes)} re-claimed after a broker restart")
+        self._share(now)
 
     def _describe_need(self, spec: AcquireSpec) -> str:
         what = "the whole device" if spec.memory_bytes == 0 else format_bytes(spec.memory_bytes)
@@ -586,6 +629,7 @@ class LeaseBook:
             granted_priority=self._effective_priority(waiter, now),
             release_grace_s=waiter.release_grace_s,
             owner=waiter.spec.owner,
+            batch=waiter.spec.batch,
         )
         self._leases[lease.lease_id] = lease
         self._lease_of_request[waiter.request_id] = lease.lease_id
@@ -594,6 +638,7 @@ class LeaseBook:
                          holder=lease.holder, device_index=device_index,
                          detail=f"{format_bytes(lease.memory_bytes)}{' exclusive' if exclusive else ''} "
                                 f"after {now - waiter.arrived_at:.3f}s")
+        self._share(now)  # after its Granted notice: a batch lease granted beside busy work hears it must yield
 
     def _start_preemption(self, waiter: Waiter, pre: placement.Preemption, now: float) -> None:
         waiter.state, waiter.device_index, waiter.victims = WaitState.PREEMPTING, pre.device_index, pre.victims
@@ -652,7 +697,35 @@ class LeaseBook:
         held = now - lease.granted_at
         self._transition(now, kind, request_id=lease.request_id, lease_id=lease.lease_id, holder=lease.holder,
                          device_index=lease.device_index, detail=f"{detail} after {held:.3f}s")
+        if lease.busy:
+            self._share(now)  # the batch work that yielded to it resumes
         return Released(replace(lease), held)
+
+    def _share(self, now: float) -> None:
+        """Tells each batch lease whose yielding changed (gpu_broker.compute_share): to yield, to whom, or to resume.
+        A lease awaiting re-claim has no stream and no work under the broker's eye: it neither yields nor is busy."""
+        live = [x for x in self._leases.values() if x.state is not LeaseState.AWAITING_RECLAIM]
+        wanted = compute_share.yields(compute_share.ShareView(x.lease_id, x.device_index, x.holder.priority, x.batch,
+                                                              x.busy) for x in live)
+        for lease in live:
+            to = wanted.get(lease.lease_id, "")
+            if to == lease.yielding_to:
+                continue
+            previous, lease.yielding_to = lease.yielding_to, to
+            if to:
+                busy = self._leases[to]
+                self.outbox.append(Notice(lease.request_id, YieldRequested(lease.lease_id, to, busy.holder), now))
+                self._transition(now, TransitionKind.YIELD_REQUESTED, request_id=lease.request_id,
+                                 lease_id=lease.lease_id, holder=lease.holder, device_index=lease.device_index,
+                                 detail=f"yield compute between steps to {busy.holder.describe()} ({to}), busy on "
+                                        f"device {lease.device_index}")
+            else:
+                gone = "was released" if previous not in self._leases else "is no longer busy"
+                reason = f"{previous} {gone} on device {lease.device_index}"
+                self.outbox.append(Notice(lease.request_id, YieldWithdrawn(lease.lease_id, reason), now))
+                self._transition(now, TransitionKind.YIELD_WITHDRAWN, request_id=lease.request_id,
+                                 lease_id=lease.lease_id, holder=lease.holder, device_index=lease.device_index,
+                                 detail=reason)
 
     def _notify_positions(self, now: float) -> None:
         """One pass over the queue: each waiter whose place changed since it was last told hears it."""

@@ -107,6 +107,12 @@ class LeaseHub:
         finally:
             self._drain()
 
+    def set_busy(self, lease_id: str, busy: bool, caller: Caller = ANONYMOUS) -> tuple[str, ...]:
+        try:
+            return self.book.set_busy(lease_id, busy, self.clock(), caller)
+        finally:
+            self._drain()
+
     def status(self) -> Snapshot:
         return self.book.snapshot(self.clock())
 

@@ -21,6 +21,7 @@ RULES: dict[str, Rules] = {
     "diffusion.v1.AcquireRequest": Rules({"holder": Limit(required=True, reason="MISSING_CLIENT_ID"),
                                           "reclaim_lease_id": OPAQUE_ID}),
     "diffusion.v1.ReleaseRequest": Rules({"lease_id": Limit(max_len=64, required=True, reason="MISSING_LEASE_ID")}),
+    "diffusion.v1.SetBusyRequest": Rules({"lease_id": Limit(max_len=64, required=True, reason="MISSING_LEASE_ID")}),
     "diffusion.v1.CancelRequest": Rules({"request_id": OPAQUE_ID, "lease_id": OPAQUE_ID,
                                          "reason": Limit(max_len=256)},
                                         required_oneofs=("target",), oneof_reasons={"target": "MISSING_TARGET"}),

@@ -33,6 +33,10 @@ class BrokerServicer(broker_pb2_grpc.GpuBrokerServiceServicer):
                                   caller=current_caller())
         return convert.cancel_response(outcome)
 
+    async def SetBusy(self, request, context):
+        yielding = self.hub.set_busy(request.lease_id, request.busy, current_caller())
+        return broker_pb2.SetBusyResponse(yielding_lease_ids=yielding)
+
     async def Status(self, request, context):
         return broker_pb2.StatusResponse(state=convert.broker_state(self.hub.status()))
 

@@ -17,6 +17,12 @@ class WaitPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WAIT_POLICY_QUEUE: _ClassVar[WaitPolicy]
     WAIT_POLICY_FAIL_FAST: _ClassVar[WaitPolicy]
 
+class ComputeClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPUTE_CLASS_UNSPECIFIED: _ClassVar[ComputeClass]
+    COMPUTE_CLASS_INTERACTIVE: _ClassVar[ComputeClass]
+    COMPUTE_CLASS_BATCH: _ClassVar[ComputeClass]
+
 class LeaseState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     LEASE_STATE_UNSPECIFIED: _ClassVar[LeaseState]
@@ -48,6 +54,8 @@ class TransitionKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSITION_KIND_AWAITING_RECLAIM: _ClassVar[TransitionKind]
     TRANSITION_KIND_RECLAIM_EXPIRED: _ClassVar[TransitionKind]
     TRANSITION_KIND_OVER_LEASE: _ClassVar[TransitionKind]
+    TRANSITION_KIND_YIELD_REQUESTED: _ClassVar[TransitionKind]
+    TRANSITION_KIND_YIELD_WITHDRAWN: _ClassVar[TransitionKind]
 
 class CancelOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +65,9 @@ class CancelOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 WAIT_POLICY_UNSPECIFIED: WaitPolicy
 WAIT_POLICY_QUEUE: WaitPolicy
 WAIT_POLICY_FAIL_FAST: WaitPolicy
+COMPUTE_CLASS_UNSPECIFIED: ComputeClass
+COMPUTE_CLASS_INTERACTIVE: ComputeClass
+COMPUTE_CLASS_BATCH: ComputeClass
 LEASE_STATE_UNSPECIFIED: LeaseState
 LEASE_STATE_ACTIVE: LeaseState
 LEASE_STATE_PREEMPTING: LeaseState
@@ -80,6 +91,8 @@ TRANSITION_KIND_FAILED: TransitionKind
 TRANSITION_KIND_AWAITING_RECLAIM: TransitionKind
 TRANSITION_KIND_RECLAIM_EXPIRED: TransitionKind
 TRANSITION_KIND_OVER_LEASE: TransitionKind
+TRANSITION_KIND_YIELD_REQUESTED: TransitionKind
+TRANSITION_KIND_YIELD_WITHDRAWN: TransitionKind
 CANCEL_OUTCOME_UNSPECIFIED: CancelOutcome
 CANCEL_OUTCOME_REMOVED_FROM_QUEUE: CancelOutcome
 CANCEL_OUTCOME_ABORT_REQUESTED: CancelOutcome
@@ -97,23 +110,25 @@ class Holder(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., purpose: _Optional[str] = ..., priority: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("holder", "device_index", "memory_bytes", "wait_policy", "release_grace", "reclaim_lease_id")
+    __slots__ = ("holder", "device_index", "memory_bytes", "wait_policy", "release_grace", "reclaim_lease_id", "compute_class")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     WAIT_POLICY_FIELD_NUMBER: _ClassVar[int]
     RELEASE_GRACE_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CLASS_FIELD_NUMBER: _ClassVar[int]
     holder: Holder
     device_index: int
     memory_bytes: int
     wait_policy: WaitPolicy
     release_grace: _duration_pb2.Duration
     reclaim_lease_id: str
-    def __init__(self, holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., wait_policy: _Optional[_Union[WaitPolicy, str]] = ..., release_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reclaim_lease_id: _Optional[str] = ...) -> None: ...
+    compute_class: ComputeClass
+    def __init__(self, holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., wait_policy: _Optional[_Union[WaitPolicy, str]] = ..., release_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reclaim_lease_id: _Optional[str] = ..., compute_class: _Optional[_Union[ComputeClass, str]] = ...) -> None: ...
 
 class AcquireResponse(_message.Message):
-    __slots__ = ("sequence", "time", "request_id", "queued", "preempting", "granted", "preempt_requested", "preempt_withdrawn", "abort_requested", "released")
+    __slots__ = ("sequence", "time", "request_id", "queued", "preempting", "granted", "preempt_requested", "preempt_withdrawn", "abort_requested", "released", "yield_requested", "yield_withdrawn")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +139,8 @@ class AcquireResponse(_message.Message):
     PREEMPT_WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     ABORT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    YIELD_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    YIELD_WITHDRAWN_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     time: _timestamp_pb2.Timestamp
     request_id: str
@@ -134,7 +151,9 @@ class AcquireResponse(_message.Message):
     preempt_withdrawn: PreemptWithdrawn
     abort_requested: AbortRequested
     released: LeaseReleased
-    def __init__(self, sequence: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., queued: _Optional[_Union[LeaseQueued, _Mapping]] = ..., preempting: _Optional[_Union[LeasePreempting, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., preempt_requested: _Optional[_Union[PreemptRequested, _Mapping]] = ..., preempt_withdrawn: _Optional[_Union[PreemptWithdrawn, _Mapping]] = ..., abort_requested: _Optional[_Union[AbortRequested, _Mapping]] = ..., released: _Optional[_Union[LeaseReleased, _Mapping]] = ...) -> None: ...
+    yield_requested: YieldRequested
+    yield_withdrawn: YieldWithdrawn
+    def __init__(self, sequence: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., request_id: _Optional[str] = ..., queued: _Optional[_Union[LeaseQueued, _Mapping]] = ..., preempting: _Optional[_Union[LeasePreempting, _Mapping]] = ..., granted: _Optional[_Union[Lease, _Mapping]] = ..., preempt_requested: _Optional[_Union[PreemptRequested, _Mapping]] = ..., preempt_withdrawn: _Optional[_Union[PreemptWithdrawn, _Mapping]] = ..., abort_requested: _Optional[_Union[AbortRequested, _Mapping]] = ..., released: _Optional[_Union[LeaseReleased, _Mapping]] = ..., yield_requested: _Optional[_Union[YieldRequested, _Mapping]] = ..., yield_withdrawn: _Optional[_Union[YieldWithdrawn, _Mapping]] = ...) -> None: ...
 
 class LeaseQueued(_message.Message):
     __slots__ = ("position", "reason")
@@ -182,6 +201,24 @@ class AbortRequested(_message.Message):
     reason: str
     def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class YieldRequested(_message.Message):
+    __slots__ = ("lease_id", "for_lease_id", "for_holder")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FOR_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    FOR_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    for_lease_id: str
+    for_holder: Holder
+    def __init__(self, lease_id: _Optional[str] = ..., for_lease_id: _Optional[str] = ..., for_holder: _Optional[_Union[Holder, _Mapping]] = ...) -> None: ...
+
+class YieldWithdrawn(_message.Message):
+    __slots__ = ("lease_id", "reason")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    reason: str
+    def __init__(self, lease_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class LeaseReleased(_message.Message):
     __slots__ = ("lease", "held")
     LEASE_FIELD_NUMBER: _ClassVar[int]
@@ -191,7 +228,7 @@ class LeaseReleased(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., held: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority", "owner", "reclaim_deadline")
+    __slots__ = ("lease_id", "request_id", "holder", "device_index", "memory_bytes", "exclusive", "granted_time", "state", "preempt_deadline", "missed_preempt_deadlines", "granted_priority", "owner", "reclaim_deadline", "compute_class", "busy", "yielding_to_lease_id")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +242,9 @@ class Lease(_message.Message):
     GRANTED_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     RECLAIM_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    YIELDING_TO_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     request_id: str
     holder: Holder
@@ -218,7 +258,10 @@ class Lease(_message.Message):
     granted_priority: int
     owner: str
     reclaim_deadline: _timestamp_pb2.Timestamp
-    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ..., owner: _Optional[str] = ..., reclaim_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    compute_class: ComputeClass
+    busy: bool
+    yielding_to_lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ..., request_id: _Optional[str] = ..., holder: _Optional[_Union[Holder, _Mapping]] = ..., device_index: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ..., granted_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[LeaseState, str]] = ..., preempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., missed_preempt_deadlines: _Optional[int] = ..., granted_priority: _Optional[int] = ..., owner: _Optional[str] = ..., reclaim_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., compute_class: _Optional[_Union[ComputeClass, str]] = ..., busy: _Optional[bool] = ..., yielding_to_lease_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_id",)
@@ -233,6 +276,20 @@ class ReleaseResponse(_message.Message):
     lease: Lease
     held: _duration_pb2.Duration
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., held: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class SetBusyRequest(_message.Message):
+    __slots__ = ("lease_id", "busy")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    busy: bool
+    def __init__(self, lease_id: _Optional[str] = ..., busy: _Optional[bool] = ...) -> None: ...
+
+class SetBusyResponse(_message.Message):
+    __slots__ = ("yielding_lease_ids",)
+    YIELDING_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    yielding_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, yielding_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("request_id", "lease_id", "reason")

@@ -62,6 +62,11 @@ class GpuBrokerServiceStub:
                 request_serializer=diffusion_dot_v1_dot_broker__pb2.CancelRequest.SerializeToString,
                 response_deserializer=diffusion_dot_v1_dot_broker__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.SetBusy = channel.unary_unary(
+                '/diffusion.v1.GpuBrokerService/SetBusy',
+                request_serializer=diffusion_dot_v1_dot_broker__pb2.SetBusyRequest.SerializeToString,
+                response_deserializer=diffusion_dot_v1_dot_broker__pb2.SetBusyResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/diffusion.v1.GpuBrokerService/Status',
                 request_serializer=diffusion_dot_v1_dot_broker__pb2.StatusRequest.SerializeToString,
@@ -128,6 +133,20 @@ class GpuBrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetBusy(self, request, context):
+        """Says whether the holder's latency-sensitive work (a generation running or queued) is under way on its
+        interactive lease's device. While a lease is busy, every COMPUTE_CLASS_BATCH lease on the same device whose holder's priority is
+        not above the busy holder's is asked to yield the device's compute between its own steps (`yield_requested`
+        on its Acquire stream), and told `yield_withdrawn` once no such busy lease remains on the device. Memory is
+        not touched: a yielding holder keeps its lease. Saying the state it already has changes nothing.
+        NOT_FOUND for an unknown or released lease; PERMISSION_DENIED for another identity's lease;
+        FAILED_PRECONDITION for a lease awaiting re-claim (re-claim it first) or a COMPUTE_CLASS_BATCH lease (batch
+        work is never busy for others).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """The devices, leases and queue, now.
         """
@@ -161,6 +180,11 @@ def add_GpuBrokerServiceServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=diffusion_dot_v1_dot_broker__pb2.CancelRequest.FromString,
                     response_serializer=diffusion_dot_v1_dot_broker__pb2.CancelResponse.SerializeToString,
+            ),
+            'SetBusy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBusy,
+                    request_deserializer=diffusion_dot_v1_dot_broker__pb2.SetBusyRequest.FromString,
+                    response_serializer=diffusion_dot_v1_dot_broker__pb2.SetBusyResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -267,6 +291,33 @@ class GpuBrokerService:
             '/diffusion.v1.GpuBrokerService/Cancel',
             diffusion_dot_v1_dot_broker__pb2.CancelRequest.SerializeToString,
             diffusion_dot_v1_dot_broker__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBusy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/diffusion.v1.GpuBrokerService/SetBusy',
+            diffusion_dot_v1_dot_broker__pb2.SetBusyRequest.SerializeToString,
+            diffusion_dot_v1_dot_broker__pb2.SetBusyResponse.FromString,
             options,
             channel_credentials,
             insecure,

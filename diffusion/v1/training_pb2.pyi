@@ -36,6 +36,7 @@ class TrainingPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAINING_PHASE_SAVING: _ClassVar[TrainingPhase]
     TRAINING_PHASE_PUBLISHING: _ClassVar[TrainingPhase]
     TRAINING_PHASE_DOWNLOADING: _ClassVar[TrainingPhase]
+    TRAINING_PHASE_YIELDING: _ClassVar[TrainingPhase]
 
 class StopMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -75,6 +76,7 @@ TRAINING_PHASE_TRAINING: TrainingPhase
 TRAINING_PHASE_SAVING: TrainingPhase
 TRAINING_PHASE_PUBLISHING: TrainingPhase
 TRAINING_PHASE_DOWNLOADING: TrainingPhase
+TRAINING_PHASE_YIELDING: TrainingPhase
 STOP_MODE_UNSPECIFIED: StopMode
 STOP_MODE_SAVE: StopMode
 STOP_MODE_DISCARD: StopMode
@@ -244,7 +246,7 @@ class TrainingPhaseChanged(_message.Message):
     def __init__(self, phase: _Optional[_Union[TrainingPhase, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TrainingStep(_message.Message):
-    __slots__ = ("step", "total_steps", "loss", "avg_loss", "learning_rate", "grad_norm", "samples_per_second", "peak_memory_bytes", "elapsed", "eta")
+    __slots__ = ("step", "total_steps", "loss", "avg_loss", "learning_rate", "grad_norm", "samples_per_second", "peak_memory_bytes", "elapsed", "eta", "yielded")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +257,7 @@ class TrainingStep(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
+    YIELDED_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     loss: float
@@ -265,7 +268,8 @@ class TrainingStep(_message.Message):
     peak_memory_bytes: int
     elapsed: _duration_pb2.Duration
     eta: _duration_pb2.Duration
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., avg_loss: _Optional[float] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    yielded: _duration_pb2.Duration
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., avg_loss: _Optional[float] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., yielded: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class CheckpointSaved(_message.Message):
     __slots__ = ("step", "path")

@@ -119,3 +119,38 @@ def test_acquire_waits_for_a_broker_that_starts_late_and_reacquires_after_restar
                 p.stop()
 
     run(scenario())
+
+
+def test_batch_lease_hears_yield_and_resume_when_an_interactive_one_says_it_is_busy(start_broker):
+    proc, _ = start_broker()
+
+    async def scenario():
+        heard = []
+
+        async def on_yield(yielding, event):
+            heard.append((yielding, getattr(event, "for_holder", None) and event.for_holder.client_id))
+
+        async with BrokerClient(proc.address) as broker:
+            async with broker.lease(LeaseRequest("training", memory_bytes=4 * GiB, batch=True),
+                                    on_yield=on_yield) as train:
+                async with broker.lease(LeaseRequest("inference", memory_bytes=4 * GiB)) as inf:
+                    assert await inf.set_busy(True) == [train.lease_id]
+                    await asyncio.wait_for(train.yielding.wait(), 5)
+                    state = await broker.status()
+                    by_id = {l.lease_id: l for l in state.leases}
+                    assert by_id[inf.lease_id].busy and by_id[train.lease_id].yielding_to_lease_id == inf.lease_id
+                    assert await inf.set_busy(False) == []
+                    deadline = time.monotonic() + 5
+                    while train.yielding.is_set():
+                        assert time.monotonic() < deadline, "the batch lease was not told to resume"
+                        await asyncio.sleep(0.02)
+                    assert heard == [(True, "inference"), (False, None)]
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await train.set_busy(True)
+                    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                released = inf.lease_id
+                with pytest.raises(grpc.aio.AioRpcError) as gone:
+                    await inf.set_busy(True)
+                assert gone.value.code() == grpc.StatusCode.NOT_FOUND and released in gone.value.details()
+
+    run(scenario())

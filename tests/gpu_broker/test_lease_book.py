@@ -16,6 +16,8 @@ from gpu_broker.lease_book import (
     PreemptWithdrawn,
     Queued,
     TransitionKind,
+    YieldRequested,
+    YieldWithdrawn,
 )
 from service_kit.errors import Aborted, InvalidArgument, NotFound, ResourceExhausted
 
@@ -270,3 +272,88 @@ def test_moved_positions_are_told_once_after_a_burst_of_changes():
     moved = {n.request_id: n.event.position for n in b.outbox if isinstance(n.event, Queued)}
     assert moved == {waiting[3]: 0, waiting[4]: 1}
     assert [w.waiter.request_id for w in b.snapshot(1.3).queue] == waiting[3:]
+
+
+# ---- compute sharing: batch leases yield to busy interactive ones ------------------------------------------------
+
+def yield_events(b, request_id):
+    return [e for e in events_for(b, request_id) if isinstance(e, (YieldRequested, YieldWithdrawn))]
+
+
+def lease_of(b, request_id):
+    return b.lease_for_request(request_id).lease_id
+
+
+def test_a_busy_interactive_lease_makes_batch_work_on_its_device_yield_and_resume():
+    b = book(n=2)
+    inf = b.submit(spec("inference", mem=8 * G, device_index=0), 0)
+    train = b.submit(spec("training", mem=8 * G, device_index=0, batch=True), 0)
+    other = b.submit(spec("training-2", mem=8 * G, device_index=1, batch=True), 0)
+    b.outbox.clear()
+    assert b.set_busy(lease_of(b, inf), True, 1) == (lease_of(b, train),)
+    [asked] = yield_events(b, train)
+    assert isinstance(asked, YieldRequested) and asked.for_lease_id == lease_of(b, inf)
+    assert asked.for_holder.client_id == "inference"
+    assert yield_events(b, other) == [] and yield_events(b, inf) == []
+    assert b.snapshot(1).leases[1].yielding_to == lease_of(b, inf)
+    b.outbox.clear()
+    assert b.set_busy(lease_of(b, inf), True, 2) == (lease_of(b, train),)
+    assert yield_events(b, train) == []  # saying it again changes nothing
+    assert b.set_busy(lease_of(b, inf), False, 3) == ()
+    [resumed] = yield_events(b, train)
+    assert isinstance(resumed, YieldWithdrawn) and "no longer busy" in resumed.reason
+    kinds = [t.kind for t in b.transitions]
+    assert TransitionKind.YIELD_REQUESTED in kinds and TransitionKind.YIELD_WITHDRAWN in kinds
+
+
+def test_batch_work_granted_beside_busy_work_yields_from_its_grant_and_resumes_when_that_lease_goes():
+    b = book()
+    inf = b.submit(spec("inference", mem=8 * G), 0)
+    b.set_busy(lease_of(b, inf), True, 1)
+    train = b.submit(spec("training", mem=8 * G, batch=True), 2)
+    assert [type(e) for e in events_for(b, train)] == [Queued, Granted, YieldRequested]
+    b.outbox.clear()
+    b.release(lease_of(b, inf), 3)
+    [resumed] = yield_events(b, train)
+    assert isinstance(resumed, YieldWithdrawn) and "was released" in resumed.reason
+
+
+def test_a_batch_holder_ranked_above_the_busy_one_keeps_its_rate():
+    b = book()
+    inf = b.submit(spec("inference", prio=1, mem=8 * G), 0)
+    train = b.submit(spec("urgent-training", prio=2, mem=8 * G, batch=True), 0)
+    assert b.set_busy(lease_of(b, inf), True, 1) == ()
+    assert yield_events(b, train) == []
+
+
+def test_set_busy_refuses_unknown_batch_and_other_identities_leases():
+    from service_kit.auth import Caller
+    from service_kit.errors import FailedPrecondition, PermissionDenied
+
+    b = book()
+    train = b.submit(spec("training", mem=8 * G, batch=True), 0)
+    with pytest.raises(NotFound):
+        b.set_busy("lease-nope", True, 1)
+    with pytest.raises(InvalidArgument):
+        b.set_busy("", True, 1)
+    with pytest.raises(FailedPrecondition, match="batch work"):
+        b.set_busy(lease_of(b, train), True, 1)
+    inf = b.submit(AcquireSpec(Holder("inference"), memory_bytes=8 * G, owner="svc-a"), 0)
+    with pytest.raises(PermissionDenied):
+        b.set_busy(lease_of(b, inf), True, 1, Caller("svc-b", "user"))
+
+
+def test_a_restored_lease_is_neither_busy_nor_yielding_until_re_claimed():
+    from service_kit.errors import FailedPrecondition
+
+    b = book()
+    inf = b.submit(spec("inference", mem=8 * G), 0)
+    train = b.submit(spec("training", mem=8 * G, batch=True), 0)
+    b.set_busy(lease_of(b, inf), True, 1)
+    restarted = book()
+    restarted.restore(LeaseBook.leases_from_journal(b.journal()), 2)
+    leases = {x.holder.client_id: x for x in restarted.snapshot(2).leases}
+    assert leases["training"].batch and not leases["inference"].busy and not leases["training"].yielding_to
+    with pytest.raises(FailedPrecondition, match="re-claim"):
+        restarted.set_busy(leases["inference"].lease_id, True, 3)
+    assert lease_of(b, train)  # the original book is untouched

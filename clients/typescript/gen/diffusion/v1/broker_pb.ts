@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file diffusion/v1/broker.proto.
  */
 export const file_diffusion_v1_broker: GenFile = /*@__PURE__*/
-  fileDesc("ChlkaWZmdXNpb24vdjEvYnJva2VyLnByb3RvEgxkaWZmdXNpb24udjEiSwoGSG9sZGVyEhEKCWNsaWVudF9pZBgBIAEoCRIPCgdwdXJwb3NlGAIgASgJEhAKCHByaW9yaXR5GAMgASgFEgsKA3BpZBgEIAEoBSLzAQoOQWNxdWlyZVJlcXVlc3QSJAoGaG9sZGVyGAEgASgLMhQuZGlmZnVzaW9uLnYxLkhvbGRlchIZCgxkZXZpY2VfaW5kZXgYAiABKAVIAIgBARIUCgxtZW1vcnlfYnl0ZXMYAyABKAMSLQoLd2FpdF9wb2xpY3kYBCABKA4yGC5kaWZmdXNpb24udjEuV2FpdFBvbGljeRIwCg1yZWxlYXNlX2dyYWNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhgKEHJlY2xhaW1fbGVhc2VfaWQYBiABKAlCDwoNX2RldmljZV9pbmRleCLYAwoPQWNxdWlyZVJlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYAyABKAkSKwoGcXVldWVkGAogASgLMhkuZGlmZnVzaW9uLnYxLkxlYXNlUXVldWVkSAASMwoKcHJlZW1wdGluZxgLIAEoCzIdLmRpZmZ1c2lvbi52MS5MZWFzZVByZWVtcHRpbmdIABImCgdncmFudGVkGAwgASgLMhMuZGlmZnVzaW9uLnYxLkxlYXNlSAASOwoRcHJlZW1wdF9yZXF1ZXN0ZWQYDSABKAsyHi5kaWZmdXNpb24udjEuUHJlZW1wdFJlcXVlc3RlZEgAEjsKEXByZWVtcHRfd2l0aGRyYXduGA4gASgLMh4uZGlmZnVzaW9uLnYxLlByZWVtcHRXaXRoZHJhd25IABI3Cg9hYm9ydF9yZXF1ZXN0ZWQYDyABKAsyHC5kaWZmdXNpb24udjEuQWJvcnRSZXF1ZXN0ZWRIABIvCghyZWxlYXNlZBgQIAEoCzIbLmRpZmZ1c2lvbi52MS5MZWFzZVJlbGVhc2VkSABCBwoFZXZlbnQiLwoLTGVhc2VRdWV1ZWQSEAoIcG9zaXRpb24YASABKAUSDgoGcmVhc29uGAIgASgJIm8KD0xlYXNlUHJlZW1wdGluZxIUCgxkZXZpY2VfaW5kZXgYASABKAUSGAoQdmljdGltX2xlYXNlX2lkcxgCIAMoCRIsCghkZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAilAEKEFByZWVtcHRSZXF1ZXN0ZWQSEAoIbGVhc2VfaWQYASABKAkSLAoIZGVhZGxpbmUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmZvcl9yZXF1ZXN0X2lkGAMgASgJEigKCmZvcl9ob2xkZXIYBCABKAsyFC5kaWZmdXNpb24udjEuSG9sZGVyIjQKEFByZWVtcHRXaXRoZHJhd24SEAoIbGVhc2VfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjIKDkFib3J0UmVxdWVzdGVkEhAKCGxlYXNlX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJcCg1MZWFzZVJlbGVhc2VkEiIKBWxlYXNlGAEgASgLMhMuZGlmZnVzaW9uLnYxLkxlYXNlEicKBGhlbGQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24ipAMKBUxlYXNlEhAKCGxlYXNlX2lkGAEgASgJEhIKCnJlcXVlc3RfaWQYAiABKAkSJAoGaG9sZGVyGAMgASgLMhQuZGlmZnVzaW9uLnYxLkhvbGRlchIUCgxkZXZpY2VfaW5kZXgYBCABKAUSFAoMbWVtb3J5X2J5dGVzGAUgASgDEhEKCWV4Y2x1c2l2ZRgGIAEoCBIwCgxncmFudGVkX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEicKBXN0YXRlGAggASgOMhguZGlmZnVzaW9uLnYxLkxlYXNlU3RhdGUSNAoQcHJlZW1wdF9kZWFkbGluZRgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASIAoYbWlzc2VkX3ByZWVtcHRfZGVhZGxpbmVzGAogASgFEhgKEGdyYW50ZWRfcHJpb3JpdHkYCyABKAUSDQoFb3duZXIYDCABKAkSNAoQcmVjbGFpbV9kZWFkbGluZRgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiIgoOUmVsZWFzZVJlcXVlc3QSEAoIbGVhc2VfaWQYASABKAkiXgoPUmVsZWFzZVJlc3BvbnNlEiIKBWxlYXNlGAEgASgLMhMuZGlmZnVzaW9uLnYxLkxlYXNlEicKBGhlbGQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iUwoNQ2FuY2VsUmVxdWVzdBIUCgpyZXF1ZXN0X2lkGAEgASgJSAASEgoIbGVhc2VfaWQYAiABKAlIABIOCgZyZWFzb24YAyABKAlCCAoGdGFyZ2V0Ij4KDkNhbmNlbFJlc3BvbnNlEiwKB291dGNvbWUYASABKA4yGy5kaWZmdXNpb24udjEuQ2FuY2VsT3V0Y29tZSIPCg1TdGF0dXNSZXF1ZXN0IjoKDlN0YXR1c1Jlc3BvbnNlEigKBXN0YXRlGAEgASgLMhkuZGlmZnVzaW9uLnYxLkJyb2tlclN0YXRlIl4KBkRldmljZRINCgVpbmRleBgBIAEoBRIMCgRuYW1lGAIgASgJEgwKBHV1aWQYAyABKAkSEwoLdG90YWxfYnl0ZXMYBCABKAMSFAoMbGVhc2VkX2J5dGVzGAUgASgDIq4CCg5XYWl0aW5nUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEiQKBmhvbGRlchgCIAEoCzIULmRpZmZ1c2lvbi52MS5Ib2xkZXISGQoMZGV2aWNlX2luZGV4GAMgASgFSACIAQESFAoMbWVtb3J5X2J5dGVzGAQgASgDEiYKBXN0YXRlGAUgASgOMhcuZGlmZnVzaW9uLnYxLldhaXRTdGF0ZRIQCghwb3NpdGlvbhgGIAEoBRIwCgxhcnJpdmFsX3RpbWUYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhoKEmVmZmVjdGl2ZV9wcmlvcml0eRgIIAEoBRIYChB2aWN0aW1fbGVhc2VfaWRzGAkgAygJQg8KDV9kZXZpY2VfaW5kZXgimAEKC0Jyb2tlclN0YXRlEiUKB2RldmljZXMYASADKAsyFC5kaWZmdXNpb24udjEuRGV2aWNlEiMKBmxlYXNlcxgCIAMoCzITLmRpZmZ1c2lvbi52MS5MZWFzZRIrCgVxdWV1ZRgDIAMoCzIcLmRpZmZ1c2lvbi52MS5XYWl0aW5nUmVxdWVzdBIQCghzZXF1ZW5jZRgEIAEoAyIOCgxXYXRjaFJlcXVlc3QiowEKDVdhdGNoUmVzcG9uc2USEAoIc2VxdWVuY2UYASABKAMSKAoEdGltZRgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoKdHJhbnNpdGlvbhgDIAEoCzIYLmRpZmZ1c2lvbi52MS5UcmFuc2l0aW9uEigKBXN0YXRlGAQgASgLMhkuZGlmZnVzaW9uLnYxLkJyb2tlclN0YXRlIqoBCgpUcmFuc2l0aW9uEioKBGtpbmQYASABKA4yHC5kaWZmdXNpb24udjEuVHJhbnNpdGlvbktpbmQSEgoKcmVxdWVzdF9pZBgCIAEoCRIQCghsZWFzZV9pZBgDIAEoCRIkCgZob2xkZXIYBCABKAsyFC5kaWZmdXNpb24udjEuSG9sZGVyEhQKDGRldmljZV9pbmRleBgFIAEoBRIOCgZkZXRhaWwYBiABKAkqWwoKV2FpdFBvbGljeRIbChdXQUlUX1BPTElDWV9VTlNQRUNJRklFRBAAEhUKEVdBSVRfUE9MSUNZX1FVRVVFEAESGQoVV0FJVF9QT0xJQ1lfRkFJTF9GQVNUEAIqfwoKTGVhc2VTdGF0ZRIbChdMRUFTRV9TVEFURV9VTlNQRUNJRklFRBAAEhYKEkxFQVNFX1NUQVRFX0FDVElWRRABEhoKFkxFQVNFX1NUQVRFX1BSRUVNUFRJTkcQAhIgChxMRUFTRV9TVEFURV9BV0FJVElOR19SRUNMQUlNEAMqWQoJV2FpdFN0YXRlEhoKFldBSVRfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFXQUlUX1NUQVRFX1FVRVVFRBABEhkKFVdBSVRfU1RBVEVfUFJFRU1QVElORxACKqsECg5UcmFuc2l0aW9uS2luZBIfChtUUkFOU0lUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIcChhUUkFOU0lUSU9OX0tJTkRfU05BUFNIT1QQARIaChZUUkFOU0lUSU9OX0tJTkRfUVVFVUVEEAISHAoYVFJBTlNJVElPTl9LSU5EX1JFSkVDVEVEEAMSGwoXVFJBTlNJVElPTl9LSU5EX0dSQU5URUQQBBIlCiFUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9SRVFVRVNURUQQBRIlCiFUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9XSVRIRFJBV04QBhIrCidUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9ERUFETElORV9NSVNTRUQQBxIcChhUUkFOU0lUSU9OX0tJTkRfUkVMRUFTRUQQCBIfChtUUkFOU0lUSU9OX0tJTkRfSE9MREVSX0xPU1QQCRIdChlUUkFOU0lUSU9OX0tJTkRfQ0FOQ0VMTEVEEAoSIwofVFJBTlNJVElPTl9LSU5EX0FCT1JUX1JFUVVFU1RFRBALEhoKFlRSQU5TSVRJT05fS0lORF9GQUlMRUQQDBIkCiBUUkFOU0lUSU9OX0tJTkRfQVdBSVRJTkdfUkVDTEFJTRANEiMKH1RSQU5TSVRJT05fS0lORF9SRUNMQUlNX0VYUElSRUQQDhIeChpUUkFOU0lUSU9OX0tJTkRfT1ZFUl9MRUFTRRAPKnoKDUNhbmNlbE91dGNvbWUSHgoaQ0FOQ0VMX09VVENPTUVfVU5TUEVDSUZJRUQQABIlCiFDQU5DRUxfT1VUQ09NRV9SRU1PVkVEX0ZST01fUVVFVUUQARIiCh5DQU5DRUxfT1VUQ09NRV9BQk9SVF9SRVFVRVNURUQQAjLyAgoQR3B1QnJva2VyU2VydmljZRJICgdBY3F1aXJlEhwuZGlmZnVzaW9uLnYxLkFjcXVpcmVSZXF1ZXN0Gh0uZGlmZnVzaW9uLnYxLkFjcXVpcmVSZXNwb25zZTABEkYKB1JlbGVhc2USHC5kaWZmdXNpb24udjEuUmVsZWFzZVJlcXVlc3QaHS5kaWZmdXNpb24udjEuUmVsZWFzZVJlc3BvbnNlEkMKBkNhbmNlbBIbLmRpZmZ1c2lvbi52MS5DYW5jZWxSZXF1ZXN0GhwuZGlmZnVzaW9uLnYxLkNhbmNlbFJlc3BvbnNlEkMKBlN0YXR1cxIbLmRpZmZ1c2lvbi52MS5TdGF0dXNSZXF1ZXN0GhwuZGlmZnVzaW9uLnYxLlN0YXR1c1Jlc3BvbnNlEkIKBVdhdGNoEhouZGlmZnVzaW9uLnYxLldhdGNoUmVxdWVzdBobLmRpZmZ1c2lvbi52MS5XYXRjaFJlc3BvbnNlMAFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChlkaWZmdXNpb24vdjEvYnJva2VyLnByb3RvEgxkaWZmdXNpb24udjEiSwoGSG9sZGVyEhEKCWNsaWVudF9pZBgBIAEoCRIPCgdwdXJwb3NlGAIgASgJEhAKCHByaW9yaXR5GAMgASgFEgsKA3BpZBgEIAEoBSKmAgoOQWNxdWlyZVJlcXVlc3QSJAoGaG9sZGVyGAEgASgLMhQuZGlmZnVzaW9uLnYxLkhvbGRlchIZCgxkZXZpY2VfaW5kZXgYAiABKAVIAIgBARIUCgxtZW1vcnlfYnl0ZXMYAyABKAMSLQoLd2FpdF9wb2xpY3kYBCABKA4yGC5kaWZmdXNpb24udjEuV2FpdFBvbGljeRIwCg1yZWxlYXNlX2dyYWNlGAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEhgKEHJlY2xhaW1fbGVhc2VfaWQYBiABKAkSMQoNY29tcHV0ZV9jbGFzcxgHIAEoDjIaLmRpZmZ1c2lvbi52MS5Db21wdXRlQ2xhc3NCDwoNX2RldmljZV9pbmRleCLKBAoPQWNxdWlyZVJlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgDEigKBHRpbWUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCnJlcXVlc3RfaWQYAyABKAkSKwoGcXVldWVkGAogASgLMhkuZGlmZnVzaW9uLnYxLkxlYXNlUXVldWVkSAASMwoKcHJlZW1wdGluZxgLIAEoCzIdLmRpZmZ1c2lvbi52MS5MZWFzZVByZWVtcHRpbmdIABImCgdncmFudGVkGAwgASgLMhMuZGlmZnVzaW9uLnYxLkxlYXNlSAASOwoRcHJlZW1wdF9yZXF1ZXN0ZWQYDSABKAsyHi5kaWZmdXNpb24udjEuUHJlZW1wdFJlcXVlc3RlZEgAEjsKEXByZWVtcHRfd2l0aGRyYXduGA4gASgLMh4uZGlmZnVzaW9uLnYxLlByZWVtcHRXaXRoZHJhd25IABI3Cg9hYm9ydF9yZXF1ZXN0ZWQYDyABKAsyHC5kaWZmdXNpb24udjEuQWJvcnRSZXF1ZXN0ZWRIABIvCghyZWxlYXNlZBgQIAEoCzIbLmRpZmZ1c2lvbi52MS5MZWFzZVJlbGVhc2VkSAASNwoPeWllbGRfcmVxdWVzdGVkGBEgASgLMhwuZGlmZnVzaW9uLnYxLllpZWxkUmVxdWVzdGVkSAASNwoPeWllbGRfd2l0aGRyYXduGBIgASgLMhwuZGlmZnVzaW9uLnYxLllpZWxkV2l0aGRyYXduSABCBwoFZXZlbnQiLwoLTGVhc2VRdWV1ZWQSEAoIcG9zaXRpb24YASABKAUSDgoGcmVhc29uGAIgASgJIm8KD0xlYXNlUHJlZW1wdGluZxIUCgxkZXZpY2VfaW5kZXgYASABKAUSGAoQdmljdGltX2xlYXNlX2lkcxgCIAMoCRIsCghkZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAilAEKEFByZWVtcHRSZXF1ZXN0ZWQSEAoIbGVhc2VfaWQYASABKAkSLAoIZGVhZGxpbmUYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhYKDmZvcl9yZXF1ZXN0X2lkGAMgASgJEigKCmZvcl9ob2xkZXIYBCABKAsyFC5kaWZmdXNpb24udjEuSG9sZGVyIjQKEFByZWVtcHRXaXRoZHJhd24SEAoIbGVhc2VfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjIKDkFib3J0UmVxdWVzdGVkEhAKCGxlYXNlX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSJiCg5ZaWVsZFJlcXVlc3RlZBIQCghsZWFzZV9pZBgBIAEoCRIUCgxmb3JfbGVhc2VfaWQYAiABKAkSKAoKZm9yX2hvbGRlchgDIAEoCzIULmRpZmZ1c2lvbi52MS5Ib2xkZXIiMgoOWWllbGRXaXRoZHJhd24SEAoIbGVhc2VfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIlwKDUxlYXNlUmVsZWFzZWQSIgoFbGVhc2UYASABKAsyEy5kaWZmdXNpb24udjEuTGVhc2USJwoEaGVsZBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKDBAoFTGVhc2USEAoIbGVhc2VfaWQYASABKAkSEgoKcmVxdWVzdF9pZBgCIAEoCRIkCgZob2xkZXIYAyABKAsyFC5kaWZmdXNpb24udjEuSG9sZGVyEhQKDGRldmljZV9pbmRleBgEIAEoBRIUCgxtZW1vcnlfYnl0ZXMYBSABKAMSEQoJZXhjbHVzaXZlGAYgASgIEjAKDGdyYW50ZWRfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJwoFc3RhdGUYCCABKA4yGC5kaWZmdXNpb24udjEuTGVhc2VTdGF0ZRI0ChBwcmVlbXB0X2RlYWRsaW5lGAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIgChhtaXNzZWRfcHJlZW1wdF9kZWFkbGluZXMYCiABKAUSGAoQZ3JhbnRlZF9wcmlvcml0eRgLIAEoBRINCgVvd25lchgMIAEoCRI0ChByZWNsYWltX2RlYWRsaW5lGA0gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1jb21wdXRlX2NsYXNzGA4gASgOMhouZGlmZnVzaW9uLnYxLkNvbXB1dGVDbGFzcxIMCgRidXN5GA8gASgIEhwKFHlpZWxkaW5nX3RvX2xlYXNlX2lkGBAgASgJIiIKDlJlbGVhc2VSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgJIl4KD1JlbGVhc2VSZXNwb25zZRIiCgVsZWFzZRgBIAEoCzITLmRpZmZ1c2lvbi52MS5MZWFzZRInCgRoZWxkGAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIjAKDlNldEJ1c3lSZXF1ZXN0EhAKCGxlYXNlX2lkGAEgASgJEgwKBGJ1c3kYAiABKAgiLQoPU2V0QnVzeVJlc3BvbnNlEhoKEnlpZWxkaW5nX2xlYXNlX2lkcxgBIAMoCSJTCg1DYW5jZWxSZXF1ZXN0EhQKCnJlcXVlc3RfaWQYASABKAlIABISCghsZWFzZV9pZBgCIAEoCUgAEg4KBnJlYXNvbhgDIAEoCUIICgZ0YXJnZXQiPgoOQ2FuY2VsUmVzcG9uc2USLAoHb3V0Y29tZRgBIAEoDjIbLmRpZmZ1c2lvbi52MS5DYW5jZWxPdXRjb21lIg8KDVN0YXR1c1JlcXVlc3QiOgoOU3RhdHVzUmVzcG9uc2USKAoFc3RhdGUYASABKAsyGS5kaWZmdXNpb24udjEuQnJva2VyU3RhdGUiXgoGRGV2aWNlEg0KBWluZGV4GAEgASgFEgwKBG5hbWUYAiABKAkSDAoEdXVpZBgDIAEoCRITCgt0b3RhbF9ieXRlcxgEIAEoAxIUCgxsZWFzZWRfYnl0ZXMYBSABKAMirgIKDldhaXRpbmdSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkSJAoGaG9sZGVyGAIgASgLMhQuZGlmZnVzaW9uLnYxLkhvbGRlchIZCgxkZXZpY2VfaW5kZXgYAyABKAVIAIgBARIUCgxtZW1vcnlfYnl0ZXMYBCABKAMSJgoFc3RhdGUYBSABKA4yFy5kaWZmdXNpb24udjEuV2FpdFN0YXRlEhAKCHBvc2l0aW9uGAYgASgFEjAKDGFycml2YWxfdGltZRgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASGgoSZWZmZWN0aXZlX3ByaW9yaXR5GAggASgFEhgKEHZpY3RpbV9sZWFzZV9pZHMYCSADKAlCDwoNX2RldmljZV9pbmRleCKYAQoLQnJva2VyU3RhdGUSJQoHZGV2aWNlcxgBIAMoCzIULmRpZmZ1c2lvbi52MS5EZXZpY2USIwoGbGVhc2VzGAIgAygLMhMuZGlmZnVzaW9uLnYxLkxlYXNlEisKBXF1ZXVlGAMgAygLMhwuZGlmZnVzaW9uLnYxLldhaXRpbmdSZXF1ZXN0EhAKCHNlcXVlbmNlGAQgASgDIg4KDFdhdGNoUmVxdWVzdCKjAQoNV2F0Y2hSZXNwb25zZRIQCghzZXF1ZW5jZRgBIAEoAxIoCgR0aW1lGAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCgp0cmFuc2l0aW9uGAMgASgLMhguZGlmZnVzaW9uLnYxLlRyYW5zaXRpb24SKAoFc3RhdGUYBCABKAsyGS5kaWZmdXNpb24udjEuQnJva2VyU3RhdGUiqgEKClRyYW5zaXRpb24SKgoEa2luZBgBIAEoDjIcLmRpZmZ1c2lvbi52MS5UcmFuc2l0aW9uS2luZBISCgpyZXF1ZXN0X2lkGAIgASgJEhAKCGxlYXNlX2lkGAMgASgJEiQKBmhvbGRlchgEIAEoCzIULmRpZmZ1c2lvbi52MS5Ib2xkZXISFAoMZGV2aWNlX2luZGV4GAUgASgFEg4KBmRldGFpbBgGIAEoCSpbCgpXYWl0UG9saWN5EhsKF1dBSVRfUE9MSUNZX1VOU1BFQ0lGSUVEEAASFQoRV0FJVF9QT0xJQ1lfUVVFVUUQARIZChVXQUlUX1BPTElDWV9GQUlMX0ZBU1QQAiplCgxDb21wdXRlQ2xhc3MSHQoZQ09NUFVURV9DTEFTU19VTlNQRUNJRklFRBAAEh0KGUNPTVBVVEVfQ0xBU1NfSU5URVJBQ1RJVkUQARIXChNDT01QVVRFX0NMQVNTX0JBVENIEAIqfwoKTGVhc2VTdGF0ZRIbChdMRUFTRV9TVEFURV9VTlNQRUNJRklFRBAAEhYKEkxFQVNFX1NUQVRFX0FDVElWRRABEhoKFkxFQVNFX1NUQVRFX1BSRUVNUFRJTkcQAhIgChxMRUFTRV9TVEFURV9BV0FJVElOR19SRUNMQUlNEAMqWQoJV2FpdFN0YXRlEhoKFldBSVRfU1RBVEVfVU5TUEVDSUZJRUQQABIVChFXQUlUX1NUQVRFX1FVRVVFRBABEhkKFVdBSVRfU1RBVEVfUFJFRU1QVElORxACKvUECg5UcmFuc2l0aW9uS2luZBIfChtUUkFOU0lUSU9OX0tJTkRfVU5TUEVDSUZJRUQQABIcChhUUkFOU0lUSU9OX0tJTkRfU05BUFNIT1QQARIaChZUUkFOU0lUSU9OX0tJTkRfUVVFVUVEEAISHAoYVFJBTlNJVElPTl9LSU5EX1JFSkVDVEVEEAMSGwoXVFJBTlNJVElPTl9LSU5EX0dSQU5URUQQBBIlCiFUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9SRVFVRVNURUQQBRIlCiFUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9XSVRIRFJBV04QBhIrCidUUkFOU0lUSU9OX0tJTkRfUFJFRU1QVF9ERUFETElORV9NSVNTRUQQBxIcChhUUkFOU0lUSU9OX0tJTkRfUkVMRUFTRUQQCBIfChtUUkFOU0lUSU9OX0tJTkRfSE9MREVSX0xPU1QQCRIdChlUUkFOU0lUSU9OX0tJTkRfQ0FOQ0VMTEVEEAoSIwofVFJBTlNJVElPTl9LSU5EX0FCT1JUX1JFUVVFU1RFRBALEhoKFlRSQU5TSVRJT05fS0lORF9GQUlMRUQQDBIkCiBUUkFOU0lUSU9OX0tJTkRfQVdBSVRJTkdfUkVDTEFJTRANEiMKH1RSQU5TSVRJT05fS0lORF9SRUNMQUlNX0VYUElSRUQQDhIeChpUUkFOU0lUSU9OX0tJTkRfT1ZFUl9MRUFTRRAPEiMKH1RSQU5TSVRJT05fS0lORF9ZSUVMRF9SRVFVRVNURUQQEBIjCh9UUkFOU0lUSU9OX0tJTkRfWUlFTERfV0lUSERSQVdOEBEqegoNQ2FuY2VsT3V0Y29tZRIeChpDQU5DRUxfT1VUQ09NRV9VTlNQRUNJRklFRBAAEiUKIUNBTkNFTF9PVVRDT01FX1JFTU9WRURfRlJPTV9RVUVVRRABEiIKHkNBTkNFTF9PVVRDT01FX0FCT1JUX1JFUVVFU1RFRBACMroDChBHcHVCcm9rZXJTZXJ2aWNlEkgKB0FjcXVpcmUSHC5kaWZmdXNpb24udjEuQWNxdWlyZVJlcXVlc3QaHS5kaWZmdXNpb24udjEuQWNxdWlyZVJlc3BvbnNlMAESRgoHUmVsZWFzZRIcLmRpZmZ1c2lvbi52MS5SZWxlYXNlUmVxdWVzdBodLmRpZmZ1c2lvbi52MS5SZWxlYXNlUmVzcG9uc2USQwoGQ2FuY2VsEhsuZGlmZnVzaW9uLnYxLkNhbmNlbFJlcXVlc3QaHC5kaWZmdXNpb24udjEuQ2FuY2VsUmVzcG9uc2USRgoHU2V0QnVzeRIcLmRpZmZ1c2lvbi52MS5TZXRCdXN5UmVxdWVzdBodLmRpZmZ1c2lvbi52MS5TZXRCdXN5UmVzcG9uc2USQwoGU3RhdHVzEhsuZGlmZnVzaW9uLnYxLlN0YXR1c1JlcXVlc3QaHC5kaWZmdXNpb24udjEuU3RhdHVzUmVzcG9uc2USQgoFV2F0Y2gSGi5kaWZmdXNpb24udjEuV2F0Y2hSZXF1ZXN0GhsuZGlmZnVzaW9uLnYxLldhdGNoUmVzcG9uc2UwAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Who holds, or asks for, a lease.
@@ -112,6 +112,13 @@ export type AcquireRequest = Message<"diffusion.v1.AcquireRequest"> & {
    * @generated from field: string reclaim_lease_id = 6;
    */
   reclaimLeaseId: string;
+
+  /**
+   * What the lease is for. Unset: interactive.
+   *
+   * @generated from field: diffusion.v1.ComputeClass compute_class = 7;
+   */
+  computeClass: ComputeClass;
 };
 
 /**
@@ -209,6 +216,22 @@ export type AcquireResponse = Message<"diffusion.v1.AcquireResponse"> & {
      */
     value: LeaseReleased;
     case: "released";
+  } | {
+    /**
+     * Pause compute between steps: a busy interactive holder shares the device (batch leases only).
+     *
+     * @generated from field: diffusion.v1.YieldRequested yield_requested = 17;
+     */
+    value: YieldRequested;
+    case: "yieldRequested";
+  } | {
+    /**
+     * Compute may resume at full rate.
+     *
+     * @generated from field: diffusion.v1.YieldWithdrawn yield_withdrawn = 18;
+     */
+    value: YieldWithdrawn;
+    case: "yieldWithdrawn";
   } | { case: undefined; value?: undefined };
 };
 
@@ -381,6 +404,69 @@ export const AbortRequestedSchema: GenMessage<AbortRequested> = /*@__PURE__*/
   messageDesc(file_diffusion_v1_broker, 7);
 
 /**
+ * A batch holder is asked to pause its compute between steps; it keeps its lease and memory.
+ *
+ * @generated from message diffusion.v1.YieldRequested
+ */
+export type YieldRequested = Message<"diffusion.v1.YieldRequested"> & {
+  /**
+   * The lease that yields.
+   *
+   * @generated from field: string lease_id = 1;
+   */
+  leaseId: string;
+
+  /**
+   * The busy lease it yields to.
+   *
+   * @generated from field: string for_lease_id = 2;
+   */
+  forLeaseId: string;
+
+  /**
+   * Who holds that lease.
+   *
+   * @generated from field: diffusion.v1.Holder for_holder = 3;
+   */
+  forHolder?: Holder | undefined;
+};
+
+/**
+ * Describes the message diffusion.v1.YieldRequested.
+ * Use `create(YieldRequestedSchema)` to create a new message.
+ */
+export const YieldRequestedSchema: GenMessage<YieldRequested> = /*@__PURE__*/
+  messageDesc(file_diffusion_v1_broker, 8);
+
+/**
+ * A batch holder may resume at full rate.
+ *
+ * @generated from message diffusion.v1.YieldWithdrawn
+ */
+export type YieldWithdrawn = Message<"diffusion.v1.YieldWithdrawn"> & {
+  /**
+   * The lease that no longer yields.
+   *
+   * @generated from field: string lease_id = 1;
+   */
+  leaseId: string;
+
+  /**
+   * Why, in words.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message diffusion.v1.YieldWithdrawn.
+ * Use `create(YieldWithdrawnSchema)` to create a new message.
+ */
+export const YieldWithdrawnSchema: GenMessage<YieldWithdrawn> = /*@__PURE__*/
+  messageDesc(file_diffusion_v1_broker, 9);
+
+/**
  * The lease ended.
  *
  * @generated from message diffusion.v1.LeaseReleased
@@ -406,7 +492,7 @@ export type LeaseReleased = Message<"diffusion.v1.LeaseReleased"> & {
  * Use `create(LeaseReleasedSchema)` to create a new message.
  */
 export const LeaseReleasedSchema: GenMessage<LeaseReleased> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 8);
+  messageDesc(file_diffusion_v1_broker, 10);
 
 /**
  * A granted lease.
@@ -504,6 +590,27 @@ export type Lease = Message<"diffusion.v1.Lease"> & {
    * @generated from field: google.protobuf.Timestamp reclaim_deadline = 13;
    */
   reclaimDeadline?: Timestamp | undefined;
+
+  /**
+   * What the lease is for.
+   *
+   * @generated from field: diffusion.v1.ComputeClass compute_class = 14;
+   */
+  computeClass: ComputeClass;
+
+  /**
+   * Whether its holder said its latency-sensitive work is under way (SetBusy).
+   *
+   * @generated from field: bool busy = 15;
+   */
+  busy: boolean;
+
+  /**
+   * While this batch lease yields: the busy lease it yields to.
+   *
+   * @generated from field: string yielding_to_lease_id = 16;
+   */
+  yieldingToLeaseId: string;
 };
 
 /**
@@ -511,7 +618,7 @@ export type Lease = Message<"diffusion.v1.Lease"> & {
  * Use `create(LeaseSchema)` to create a new message.
  */
 export const LeaseSchema: GenMessage<Lease> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 9);
+  messageDesc(file_diffusion_v1_broker, 11);
 
 /**
  * Gives a lease back.
@@ -532,7 +639,7 @@ export type ReleaseRequest = Message<"diffusion.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 10);
+  messageDesc(file_diffusion_v1_broker, 12);
 
 /**
  * The released lease.
@@ -560,7 +667,56 @@ export type ReleaseResponse = Message<"diffusion.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 11);
+  messageDesc(file_diffusion_v1_broker, 13);
+
+/**
+ * Says whether a lease's latency-sensitive work is under way.
+ *
+ * @generated from message diffusion.v1.SetBusyRequest
+ */
+export type SetBusyRequest = Message<"diffusion.v1.SetBusyRequest"> & {
+  /**
+   * The lease. Required; at most 64 characters.
+   *
+   * @generated from field: string lease_id = 1;
+   */
+  leaseId: string;
+
+  /**
+   * True while work is running or queued under it; false once none is.
+   *
+   * @generated from field: bool busy = 2;
+   */
+  busy: boolean;
+};
+
+/**
+ * Describes the message diffusion.v1.SetBusyRequest.
+ * Use `create(SetBusyRequestSchema)` to create a new message.
+ */
+export const SetBusyRequestSchema: GenMessage<SetBusyRequest> = /*@__PURE__*/
+  messageDesc(file_diffusion_v1_broker, 14);
+
+/**
+ * What SetBusy changed.
+ *
+ * @generated from message diffusion.v1.SetBusyResponse
+ */
+export type SetBusyResponse = Message<"diffusion.v1.SetBusyResponse"> & {
+  /**
+   * The batch leases on the device that yield to this one now (empty when it is idle, or none shares the device).
+   *
+   * @generated from field: repeated string yielding_lease_ids = 1;
+   */
+  yieldingLeaseIds: string[];
+};
+
+/**
+ * Describes the message diffusion.v1.SetBusyResponse.
+ * Use `create(SetBusyResponseSchema)` to create a new message.
+ */
+export const SetBusyResponseSchema: GenMessage<SetBusyResponse> = /*@__PURE__*/
+  messageDesc(file_diffusion_v1_broker, 15);
 
 /**
  * Cancels a waiting request or asks a holder to abort its in-flight operation.
@@ -604,7 +760,7 @@ export type CancelRequest = Message<"diffusion.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 12);
+  messageDesc(file_diffusion_v1_broker, 16);
 
 /**
  * The result of Cancel.
@@ -625,7 +781,7 @@ export type CancelResponse = Message<"diffusion.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 13);
+  messageDesc(file_diffusion_v1_broker, 17);
 
 /**
  * Asks for the broker's state.
@@ -640,7 +796,7 @@ export type StatusRequest = Message<"diffusion.v1.StatusRequest"> & {
  * Use `create(StatusRequestSchema)` to create a new message.
  */
 export const StatusRequestSchema: GenMessage<StatusRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 14);
+  messageDesc(file_diffusion_v1_broker, 18);
 
 /**
  * The broker's state.
@@ -661,7 +817,7 @@ export type StatusResponse = Message<"diffusion.v1.StatusResponse"> & {
  * Use `create(StatusResponseSchema)` to create a new message.
  */
 export const StatusResponseSchema: GenMessage<StatusResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 15);
+  messageDesc(file_diffusion_v1_broker, 19);
 
 /**
  * One accelerator in the inventory.
@@ -710,7 +866,7 @@ export type Device = Message<"diffusion.v1.Device"> & {
  * Use `create(DeviceSchema)` to create a new message.
  */
 export const DeviceSchema: GenMessage<Device> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 16);
+  messageDesc(file_diffusion_v1_broker, 20);
 
 /**
  * A request that waits.
@@ -787,7 +943,7 @@ export type WaitingRequest = Message<"diffusion.v1.WaitingRequest"> & {
  * Use `create(WaitingRequestSchema)` to create a new message.
  */
 export const WaitingRequestSchema: GenMessage<WaitingRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 17);
+  messageDesc(file_diffusion_v1_broker, 21);
 
 /**
  * Devices, leases and queue at one moment.
@@ -829,7 +985,7 @@ export type BrokerState = Message<"diffusion.v1.BrokerState"> & {
  * Use `create(BrokerStateSchema)` to create a new message.
  */
 export const BrokerStateSchema: GenMessage<BrokerState> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 18);
+  messageDesc(file_diffusion_v1_broker, 22);
 
 /**
  * Asks for the lease timeline.
@@ -844,7 +1000,7 @@ export type WatchRequest = Message<"diffusion.v1.WatchRequest"> & {
  * Use `create(WatchRequestSchema)` to create a new message.
  */
 export const WatchRequestSchema: GenMessage<WatchRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 19);
+  messageDesc(file_diffusion_v1_broker, 23);
 
 /**
  * One lease transition and the state after it.
@@ -886,7 +1042,7 @@ export type WatchResponse = Message<"diffusion.v1.WatchResponse"> & {
  * Use `create(WatchResponseSchema)` to create a new message.
  */
 export const WatchResponseSchema: GenMessage<WatchResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 20);
+  messageDesc(file_diffusion_v1_broker, 24);
 
 /**
  * A lease transition.
@@ -942,7 +1098,7 @@ export type Transition = Message<"diffusion.v1.Transition"> & {
  * Use `create(TransitionSchema)` to create a new message.
  */
 export const TransitionSchema: GenMessage<Transition> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_broker, 21);
+  messageDesc(file_diffusion_v1_broker, 25);
 
 /**
  * What to do when a request can be granted neither now nor by preempting lower-priority holders.
@@ -977,6 +1133,41 @@ export enum WaitPolicy {
  */
 export const WaitPolicySchema: GenEnum<WaitPolicy> = /*@__PURE__*/
   enumDesc(file_diffusion_v1_broker, 0);
+
+/**
+ * What kind of work a lease is for, which decides who yields the device's compute to whom (SetBusy).
+ *
+ * @generated from enum diffusion.v1.ComputeClass
+ */
+export enum ComputeClass {
+  /**
+   * Not set: same as COMPUTE_CLASS_INTERACTIVE.
+   *
+   * @generated from enum value: COMPUTE_CLASS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Latency-sensitive work a caller waits on (inference). It never yields.
+   *
+   * @generated from enum value: COMPUTE_CLASS_INTERACTIVE = 1;
+   */
+  INTERACTIVE = 1,
+
+  /**
+   * Throughput work (training). It yields between its steps while an interactive holder of no lower priority
+   * on its device is busy.
+   *
+   * @generated from enum value: COMPUTE_CLASS_BATCH = 2;
+   */
+  BATCH = 2,
+}
+
+/**
+ * Describes the enum diffusion.v1.ComputeClass.
+ */
+export const ComputeClassSchema: GenEnum<ComputeClass> = /*@__PURE__*/
+  enumDesc(file_diffusion_v1_broker, 1);
 
 /**
  * Where a lease stands.
@@ -1018,7 +1209,7 @@ export enum LeaseState {
  * Describes the enum diffusion.v1.LeaseState.
  */
 export const LeaseStateSchema: GenEnum<LeaseState> = /*@__PURE__*/
-  enumDesc(file_diffusion_v1_broker, 1);
+  enumDesc(file_diffusion_v1_broker, 2);
 
 /**
  * Where a waiting request stands.
@@ -1052,7 +1243,7 @@ export enum WaitState {
  * Describes the enum diffusion.v1.WaitState.
  */
 export const WaitStateSchema: GenEnum<WaitState> = /*@__PURE__*/
-  enumDesc(file_diffusion_v1_broker, 2);
+  enumDesc(file_diffusion_v1_broker, 3);
 
 /**
  * The kind of a lease transition reported by Watch and the structured log.
@@ -1172,13 +1363,27 @@ export enum TransitionKind {
    * @generated from enum value: TRANSITION_KIND_OVER_LEASE = 15;
    */
   OVER_LEASE = 15,
+
+  /**
+   * A batch holder was asked to yield the device's compute to a busy interactive one; `detail` names it.
+   *
+   * @generated from enum value: TRANSITION_KIND_YIELD_REQUESTED = 16;
+   */
+  YIELD_REQUESTED = 16,
+
+  /**
+   * A batch holder may use the device's compute again (no busy interactive holder it yields to remains).
+   *
+   * @generated from enum value: TRANSITION_KIND_YIELD_WITHDRAWN = 17;
+   */
+  YIELD_WITHDRAWN = 17,
 }
 
 /**
  * Describes the enum diffusion.v1.TransitionKind.
  */
 export const TransitionKindSchema: GenEnum<TransitionKind> = /*@__PURE__*/
-  enumDesc(file_diffusion_v1_broker, 3);
+  enumDesc(file_diffusion_v1_broker, 4);
 
 /**
  * What Cancel did.
@@ -1212,7 +1417,7 @@ export enum CancelOutcome {
  * Describes the enum diffusion.v1.CancelOutcome.
  */
 export const CancelOutcomeSchema: GenEnum<CancelOutcome> = /*@__PURE__*/
-  enumDesc(file_diffusion_v1_broker, 4);
+  enumDesc(file_diffusion_v1_broker, 5);
 
 /**
  * The GPU broker owns the host's accelerators and leases them to the services.
@@ -1278,6 +1483,23 @@ export const GpuBrokerService: GenService<{
     methodKind: "unary";
     input: typeof CancelRequestSchema;
     output: typeof CancelResponseSchema;
+  },
+  /**
+   * Says whether the holder's latency-sensitive work (a generation running or queued) is under way on its
+   * interactive lease's device. While a lease is busy, every COMPUTE_CLASS_BATCH lease on the same device whose holder's priority is
+   * not above the busy holder's is asked to yield the device's compute between its own steps (`yield_requested`
+   * on its Acquire stream), and told `yield_withdrawn` once no such busy lease remains on the device. Memory is
+   * not touched: a yielding holder keeps its lease. Saying the state it already has changes nothing.
+   * NOT_FOUND for an unknown or released lease; PERMISSION_DENIED for another identity's lease;
+   * FAILED_PRECONDITION for a lease awaiting re-claim (re-claim it first) or a COMPUTE_CLASS_BATCH lease (batch
+   * work is never busy for others).
+   *
+   * @generated from rpc diffusion.v1.GpuBrokerService.SetBusy
+   */
+  setBusy: {
+    methodKind: "unary";
+    input: typeof SetBusyRequestSchema;
+    output: typeof SetBusyResponseSchema;
   },
   /**
    * The devices, leases and queue, now.
