@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-alive", type=float, default=-1.0, metavar="SECONDS",
                    help="how long a model stays loaded with no generation when its Load does not say (negative: "
                         "forever; 0: unload after each generation); an idle unload releases the GPU lease")
+    p.add_argument("--busy-linger", type=float, default=0.5, metavar="SECONDS",
+                   help="with a broker: how long after the last generation the model's lease stays marked busy, so "
+                        "training sharing the GPU resumes only when no request followed (it yields while marked)")
     p.add_argument("--reload-on-demand", action="store_true",
                    help="a Generate for a model that keep-alive unloaded loads it again instead of FAILED_PRECONDITION")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
@@ -79,7 +82,7 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
 
         probe_free = lambda index: torch.cuda.mem_get_info(index)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
-                                                   args.lora_max_rank, args.keep_alive),
+                                                   args.lora_max_rank, args.keep_alive, args.busy_linger),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
                              reload_on_demand=args.reload_on_demand,

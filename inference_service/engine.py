@@ -25,6 +25,7 @@ from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
 from inference_service import generation, lora_runtime, metrics, pipeline_builder
+from inference_service.busy_signal import BusySignal
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
 from inference_service.model_source import resolve_source
@@ -163,6 +164,7 @@ class InferenceEngine:
         self._draining = False  # SIGTERM: new work answers UNAVAILABLE, what runs may finish
         self._step_rate: dict[str, float] = {}  # model id -> measured denoise seconds per step per megapixel
         self._load_abort: threading.Event | None = None
+        self._busy = BusySignal(self.settings.busy_linger_s)  # training on this GPU yields while work runs or waits
         # Told (model id, ready) when a model becomes ready or goes away: the server's per-model health status.
         self.on_model_change: Callable[[str, bool], Awaitable[None]] | None = None
         metrics.watch_queue(lambda: len(self._pending))
@@ -461,6 +463,7 @@ class InferenceEngine:
         self._jobs[job_id] = job
         self._pending.append(job)
         self._wake.set()
+        self._say_busy()
         position = len(self._pending) - 1 + (1 if self._running_job() else 0)
         job.events.put_nowait(GenerationEvent("queued", queued_position=position))
         finished = False
@@ -525,12 +528,18 @@ class InferenceEngine:
             self._fail(job, Cancelled(f"generation {generation_id} cancelled while queued: {reason}",
                                       reason="GENERATION_CANCELLED"))
             self._notify_positions()
+            self._say_busy()
         return False
 
     def _fail(self, job: _Job, error: ServiceError) -> None:
         if job in self._pending:
             self._pending.remove(job)
         job.events.put_nowait(error)
+
+    def _say_busy(self) -> None:
+        """The broker hears whether generations run or wait on the model's lease (inference_service.busy_signal)."""
+        lease = self._model.lease if self._model is not None else None
+        self._busy.set(lease, bool(self._pending) or self._running_job() is not None)
 
     def _running_job(self) -> _Job | None:
         return next((j for j in self._jobs.values() if j.running), None)
@@ -554,6 +563,7 @@ class InferenceEngine:
                 job.events.put_nowait(Internal(f"generation {job.id} failed unexpectedly; see the service log"))
             if not self._pending:
                 self._arm_idle()
+            self._say_busy()
 
     async def _run_job(self, job: _Job) -> None:
         loop = asyncio.get_running_loop()
@@ -614,7 +624,8 @@ class InferenceEngine:
         now = time.perf_counter()
         result = GenerationResult(len(futures), started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
-                                  [*model_resolved, *spec.resolved, *adapter_records, out.tiling],
+                                  [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
+                                   *filter(None, [self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)
         job.events.put_nowait(GenerationEvent("done", result=result))
@@ -691,5 +702,6 @@ class InferenceEngine:
                 task.cancel()
         async with self._load_lock:
             await self._evict("service shutting down", "shutdown")
+        await self._busy.close()
         self._worker.shutdown(wait=False)
         self._encoders.shutdown(wait=False)

@@ -48,6 +48,7 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         step.samples_per_second, step.peak_memory_bytes = data["samples_per_s"], data["peak_memory_bytes"]
         step.elapsed.CopyFrom(duration(data.get("elapsed_s", 0)))
         step.eta.CopyFrom(duration(data.get("eta_s", 0)))
+        step.yielded.CopyFrom(duration(data.get("yielded_s", 0)))
     elif kind == "sample":
         msg.sample.step, msg.sample.prompt = data["step"], data["prompt"]
         msg.sample.png = _read(data["path"])

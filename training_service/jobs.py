@@ -48,6 +48,7 @@ class JobManager:
         self._stopped_waiting: set[str] = set()  # jobs StopTraining ended while they waited for the GPU
         self._watching: Counter[str] = Counter()  # live WatchTraining streams per job
         self._disk_failed: dict[str, OSError] = {}  # jobs whose events or record could not be written
+        self._yielding: dict[str, str] = {}  # job id -> the busy holder its GPU is yielded to, while the broker asks
         metrics.watch_store(store)
 
     async def start(self, plan: TrainingPlan, caller: Caller = ANONYMOUS) -> JobRecord:
@@ -114,9 +115,10 @@ class JobManager:
             await self._append(record, "phase", {"phase": "waiting_for_gpu"})
             lease_ctx = self.broker.lease(
                 LeaseRequest(self.client_id, purpose=f"training {record.job_id} ({record.family})", priority=priority,
-                             memory_bytes=need_bytes, release_grace_s=60),
+                             memory_bytes=need_bytes, release_grace_s=60, batch=True),
                 on_preempt=lambda event: self._suspend(record, event),
-                on_lost=lambda error: self._suspend_lease_lost(record))
+                on_lost=lambda error: self._suspend_lease_lost(record),
+                on_yield=lambda yielding, event: self._yield(record, yielding, event))
             try:
                 held = await lease_ctx.__aenter__()
             except LeaseError as e:
@@ -130,6 +132,8 @@ class JobManager:
             self._procs[record.job_id] = proc
             if started.fell_back:
                 await self._append(record, "warning", {"reason": "TRAINER_STARTED_FRESH", "message": started.how})
+            if record.job_id in self._yielding:  # asked before the trainer was there to hear it
+                await self._tell(proc, f"yield on {self._yielding[record.job_id]}")
             try:
                 self.store.update(record, state="RUNNING")
             except OSError as e:
@@ -140,6 +144,7 @@ class JobManager:
             if proc is not None and proc.returncode is None:  # never give the lease back under a live child
                 proc.kill()
                 await proc.wait()
+            self._yielding.pop(record.job_id, None)
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
 
@@ -202,6 +207,26 @@ class JobManager:
         await self._stop_child(record, "suspend lease-lost", "LEASE_LOST",
                                "the GPU broker went away with this job's lease: saving a checkpoint and stopping")
 
+    async def _yield(self, record: JobRecord, yielding: bool, event) -> None:
+        """The broker asks this batch job to pause between steps for busy inference on its GPU, or lets it resume.
+        The trainer says on the job's stream when it actually pauses and resumes (training_service.gpu_yield)."""
+        if yielding:
+            self._yielding[record.job_id] = event.for_holder.client_id or "unknown"
+        else:
+            self._yielding.pop(record.job_id, None)
+        proc = self._procs.get(record.job_id)
+        if proc is not None and proc.returncode is None:
+            await self._tell(proc, f"yield on {self._yielding[record.job_id]}" if yielding else "yield off")
+
+    @staticmethod
+    async def _tell(proc, line: str) -> None:
+        """One command on the trainer's stdin; a trainer already exiting is left to be reaped."""
+        try:
+            proc.stdin.write(f"{line}\n".encode())
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
     async def _stop_child(self, record: JobRecord, how: str, reason: str, message: str):
         """Says why on the job's stream, then tells its child `stop <how>` (honoured at the next step boundary).
         Returns the child, or None when none runs."""
@@ -209,11 +234,7 @@ class JobManager:
         if proc is None or proc.returncode is not None:
             return None
         await self._append(record, "warning", {"reason": reason, "message": message})
-        try:
-            proc.stdin.write(f"stop {how}\n".encode())
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # it is exiting already; its end is recorded when the process is reaped
+        await self._tell(proc, f"stop {how}")
         return proc
 
     async def _append(self, record: JobRecord, kind: str, data: dict) -> None:
@@ -343,8 +364,7 @@ class JobManager:
             runner.cancel()
             await asyncio.wait([runner])
             return record
-        proc.stdin.write(f"stop {'discard' if discard else 'save'}\n".encode())
-        await proc.stdin.drain()
+        await self._tell(proc, f"stop {'discard' if discard else 'save'}")
         return record
 
     def delete(self, job_id: str, caller: Caller = ANONYMOUS) -> JobRecord:

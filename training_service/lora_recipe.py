@@ -45,6 +45,7 @@ class StepReport:
     peak_memory_bytes: int
     elapsed_s: float
     eta_s: float
+    yielded_s: float = 0.0  # of elapsed_s, paused for inference on this GPU (training_service.gpu_yield)
 
 
 @dataclass
@@ -272,15 +273,22 @@ class LoraRecipe:
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
-              sample_dir: Path | None = None, until_step: int | None = None) -> RunState:
-        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so."""
+              sample_dir: Path | None = None, until_step: int | None = None,
+              pause: Callable[[int], float] | None = None) -> RunState:
+        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step)` runs at
+        each step boundary (it may wait: the GPU is yielded to inference) and returns the seconds it waited."""
         device = self.cfg.device
         last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
+        yielded = 0.0
         while self.state.step < last and not should_stop():
+            if pause:
+                yielded += pause(self.state.step)
+                if should_stop():
+                    break
             t0 = time.perf_counter()
             loss, images = self._accumulate_gradients(self.state.step)
             if self.scaler is not None:
@@ -302,11 +310,11 @@ class LoraRecipe:
             now = time.perf_counter()
             window = self.state.losses[-20:]
             peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
-            per_step = (now - started) / (self.state.step - first_step)
+            per_step = (now - started - yielded) / (self.state.step - first_step)
             self.emit("step", asdict(StepReport(
                 self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
                 float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
-                per_step * (self.cfg.steps - self.state.step))))
+                per_step * (self.cfg.steps - self.state.step), yielded)))
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
             if checkpoint_dir and ((every and self.state.step % every == 0)
                                    or (minutes and time.perf_counter() - last_saved >= minutes * 60)):

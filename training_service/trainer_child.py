@@ -4,7 +4,9 @@ forked from the warm trainer (training_service.trainer_zygote), which calls run_
 Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdout, and takes
 `stop save`, `stop discard`, `stop suspend preempted` (the broker preempted the GPU) or
 `stop suspend draining` (the service is stopping) or `stop suspend lease-lost` (the broker went away
-with the lease) on stdin, honoured at the next step boundary. A crash here never
+with the lease) on stdin, honoured at the next step boundary; and `yield on CLIENT_ID` / `yield off`
+(the broker asked this batch work to pause for busy inference on its GPU, or let it resume), honoured
+between steps (training_service.gpu_yield). A crash here never
 takes the service down: the service sees the process end without a `finished` event.
 """
 from __future__ import annotations
@@ -53,11 +55,13 @@ def emit(kind: str, data: dict) -> None:
 def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
     from service_kit.errors import FailedPrecondition
+    from training_service.gpu_yield import YieldGate
     from training_service.lora_recipe import LoraRecipe
     from training_service.recipe_config import RecipeConfig
 
     cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
     stop: dict[str, str] = {}
+    gate = YieldGate(emit, should_stop=lambda: "mode" in stop)
 
     def read_stdin():
         for line in sys.stdin:
@@ -65,6 +69,9 @@ def main(job_dir: Path) -> int:
             if len(parts) in (2, 3) and parts[0] == "stop":
                 stop["why"] = parts[2] if len(parts) == 3 else ""
                 stop["mode"] = parts[1]
+                gate.release()
+            elif len(parts) in (2, 3) and parts[0] == "yield":
+                gate.ask(parts[2] if len(parts) == 3 else "") if parts[1] == "on" else gate.release()
 
     threading.Thread(target=read_stdin, daemon=True).start()
     if cfg.hub_repo:
@@ -83,7 +90,7 @@ def main(job_dir: Path) -> int:
     else:
         emit("phase", {"phase": "training"})
     recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint",
-                 sample_dir=job_dir / "samples")
+                 sample_dir=job_dir / "samples", pause=gate)
     steps = recipe.state.step
     if stop.get("mode") != "discard" and recipe.checkpointed_step != steps:
         recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued
