@@ -43,6 +43,10 @@ MODES: dict[str, dict] = {
     "fp8-compile-warm": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),
     "nf4-adamw8bit": dict(base_precision=c.PRECISION_NF4, optimizer=pb.OPTIMIZER_ADAMW_8BIT),
+    # the memory floor: nf4 base, checkpointed blocks, 8-bit optimizer state
+    "nf4-gc": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True),
+    "nf4-gc-adamw8bit": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True,
+                             optimizer=pb.OPTIMIZER_ADAMW_8BIT),
 }
 CAPTION = ("a weathered lighthouse on a basalt cliff at dusk, waves breaking below, warm light in the lantern room, "
            "oil painting with thick brush strokes")
