@@ -67,8 +67,11 @@ class JobWatch:
         return sum(1 for t, _ in self.steps if t0 <= t < t1) / (t1 - t0)
 
     def yielded_between(self, t0: float, t1: float) -> float:
-        """Seconds the job said it yielded in steps that finished between t0 and t1."""
-        return sum(s.yielded.ToNanoseconds() / 1e9 for t, s in self.steps if t0 <= t < t1)
+        """Seconds the job said it yielded in the steps that finished between t0 and t1 (a step's `yielded` is the
+        job's total so far)."""
+        before = [s.yielded.ToNanoseconds() for t, s in self.steps if t < t0]
+        upto = [s.yielded.ToNanoseconds() for t, s in self.steps if t < t1]
+        return ((upto[-1] if upto else 0) - (before[-1] if before else 0)) / 1e9
 
 
 def generate_once(stub, model_id: str, fields: dict, seed: int) -> tuple[float, ipb.GenerationResult]:

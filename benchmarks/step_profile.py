@@ -68,6 +68,7 @@ def main() -> None:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()
@@ -83,10 +84,11 @@ def main() -> None:
     steps = args.steps
     cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
-                       precision=args.precision if device == "cuda" else "fp32")
+                       precision=args.precision if device == "cuda" else "fp32",
+                       gradient_checkpointing=args.gradient_checkpointing)
     recipe = LoraRecipe(cfg)
     recipe.setup()
-    mode = f"{cfg.precision}-eager"
+    mode = f"{cfg.precision}-eager" + ("-gc" if args.gradient_checkpointing else "")
 
     # the recipe's loop: five steps of warm-up, then the timed ones
     recipe.train(until_step=5)
