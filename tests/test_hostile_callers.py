@@ -213,7 +213,7 @@ def test_bytes_that_do_not_parse_answer_invalid_argument_on_every_method(stack):
                 assert (e.value.code(), error_info(e.value).reason) == (grpc.StatusCode.INVALID_ARGUMENT,
                                                                        "UNPARSEABLE_REQUEST"), method
                 seen += 1
-    assert seen == 5 + 2 + 7 + 2 + 9 + 2
+    assert seen == 6 + 2 + 7 + 2 + 9 + 2
 
 
 @pytest.mark.parametrize("source, code, reason", [
