@@ -11,6 +11,8 @@ from service_kit.proto_time import duration, timestamp
 
 IMAGE_FORMATS = {pb.IMAGE_FORMAT_UNSPECIFIED: "png", pb.IMAGE_FORMAT_PNG: "png", pb.IMAGE_FORMAT_WEBP: "webp",
                  pb.IMAGE_FORMAT_JPEG: "jpeg", pb.IMAGE_FORMAT_RAW_RGB8: "raw_rgb8"}
+STEP_CACHE_MODES = {pb.STEP_CACHE_MODE_UNSPECIFIED: "off", pb.STEP_CACHE_MODE_OFF: "off",
+                    pb.STEP_CACHE_MODE_FIRST_BLOCK: "first_block"}
 
 
 # ---- in: the edge has already checked sizes and closed every enum ------------------------------
@@ -37,7 +39,11 @@ def generate_request(msg: pb.GenerateRequest) -> rq.GenerateRequest:
         adapters=tuple(rq.AdapterUse(a.adapter_id, a.weight) for a in msg.adapters),
         output_format=IMAGE_FORMATS[msg.output_format],
         encode_quality=msg.encode_quality if msg.HasField("encode_quality") else None,
-        generation_id=msg.generation_id)
+        generation_id=msg.generation_id,
+        step_cache=rq.StepCacheRequest(
+            STEP_CACHE_MODES[msg.step_cache.mode],
+            msg.step_cache.threshold if msg.step_cache.HasField("threshold") else None)
+        if msg.HasField("step_cache") else None)
 
 
 # ---- out ---------------------------------------------------------------------------------------

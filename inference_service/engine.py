@@ -24,7 +24,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
-from inference_service import generation, lora_runtime, metrics, pipeline_builder
+from inference_service import generation, lora_runtime, metrics, pipeline_builder, step_cache
 from inference_service.busy_signal import BusySignal
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
@@ -451,6 +451,7 @@ class InferenceEngine:
         await self._ensure_loaded(req.model_id)
         model = self._model
         spec = generation.parse_generate(req, model.plan.family, model.built.limits)  # fail fast, before queueing
+        step_cache.check_runnable(spec.step_cache, model.plan.speed.compile)
         lora_runtime.check_adapters(self.adapters, spec.adapters, model.plan.family, model.plan.speed.compile,
                                     model.plan.lora_max_rank)
         if len(self._pending) >= self.max_queue_depth:
@@ -625,7 +626,7 @@ class InferenceEngine:
         result = GenerationResult(len(futures), started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
-                                   *filter(None, [self._busy.record(model.lease)])],
+                                   *filter(None, [out.step_cache, self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)
         job.events.put_nowait(GenerationEvent("done", result=result))

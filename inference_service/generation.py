@@ -7,6 +7,7 @@ step skips the decode of an image nobody wants.
 """
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
@@ -15,6 +16,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
+from inference_service import step_cache
 from inference_service.model_limits import ModelLimits
 from inference_service.requests import AdapterUse, GenerateRequest
 from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
@@ -39,6 +41,7 @@ class GenerationSpec:
     output_format: str  # png | webp | jpeg | raw_rgb8
     encode_quality: int | None
     resolved: tuple[Resolved, ...]
+    step_cache: float | None = None  # First-Block Cache threshold; None: every step runs every block
 
     def recipe(self, family: FamilySpec, seed: int, model_resolved: list[Resolved]) -> dict:
         """What the image's metadata records: enough to make it again."""
@@ -47,7 +50,9 @@ class GenerationSpec:
                 "negative_prompt": self.negative_prompt, "width": self.width, "height": self.height,
                 "steps": self.steps, "guidance_scale": self.guidance, "seed": seed,
                 "adapters": [{"id": a.adapter_id, "weight": a.weight} for a in self.adapters],
-                "settings": settings}
+                "settings": settings,
+                **({"step_cache": {"mode": step_cache.FIRST_BLOCK, "threshold": self.step_cache}}
+                   if self.step_cache is not None else {})}
 
 
 def parse_generate(req: GenerateRequest, family: FamilySpec, limits: ModelLimits) -> GenerationSpec:
@@ -125,8 +130,9 @@ def parse_generate(req: GenerateRequest, family: FamilySpec, limits: ModelLimits
         negative = " "  # Qwen-Image runs CFG only with a negative prompt; a blank one is its documented default
         resolved.append(Resolved("negative_prompt", "unset", "' '", Source.AUTO,
                                  reason="true CFG needs a negative prompt; a blank one was used"))
+    cache = step_cache.parse(req.step_cache, family.key, family.display)
     return GenerationSpec(req.model_id, req.prompt, negative, width, height, steps, guidance, seeds,
-                          tuple(adapters), req.output_format, quality, tuple(resolved))
+                          tuple(adapters), req.output_format, quality, tuple(resolved), cache)
 
 
 @dataclass
@@ -145,6 +151,7 @@ class GenerationOutput:
     decode_s: float
     peak_memory_bytes: int = 0
     tiling: Resolved | None = None
+    step_cache: Resolved | None = None
 
 
 @dataclass
@@ -270,12 +277,14 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     check("first")
     timer = _EncodeTimer(pipe)
     points = _CancelPoints(pipe, family.denoiser, check)
+    caching = (step_cache.first_block(getattr(pipe, family.denoiser), spec.step_cache)
+               if spec.step_cache is not None else contextlib.nullcontext())
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     on_phase("encoding_prompt")
     try:
-        with torch.inference_mode() if inference_mode else torch.no_grad():
+        with torch.inference_mode() if inference_mode else torch.no_grad(), caching as passes:
             images = pil_images(pipe(**kwargs).images)
     finally:
         timer.close()
@@ -285,7 +294,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     first = marks["first_step"] or t_call
     last = marks["last_step"] or first
     peak = torch.cuda.max_memory_allocated() if cuda else 0
-    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling)
+    cached = step_cache.record(spec.step_cache, passes.full, passes.passes) if spec.step_cache is not None else None
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "pil_images", "RunControl", "StepReport", "GenerationOutput", "Status"]

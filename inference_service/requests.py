@@ -37,6 +37,12 @@ class AdapterUse:
 
 
 @dataclass(frozen=True)
+class StepCacheRequest:
+    mode: str = "off"  # off | first_block (inference_service.step_cache)
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     model_id: str
     prompt: str
@@ -51,3 +57,4 @@ class GenerateRequest:
     output_format: str = "png"  # png | webp | jpeg | raw_rgb8
     encode_quality: int | None = None
     generation_id: str = ""
+    step_cache: StepCacheRequest | None = None

@@ -50,6 +50,12 @@ class DeviceKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DEVICE_KIND_XPU: _ClassVar[DeviceKind]
     DEVICE_KIND_MPS: _ClassVar[DeviceKind]
     DEVICE_KIND_CPU: _ClassVar[DeviceKind]
+
+class StepCacheMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STEP_CACHE_MODE_UNSPECIFIED: _ClassVar[StepCacheMode]
+    STEP_CACHE_MODE_OFF: _ClassVar[StepCacheMode]
+    STEP_CACHE_MODE_FIRST_BLOCK: _ClassVar[StepCacheMode]
 LOAD_PHASE_UNSPECIFIED: LoadPhase
 LOAD_PHASE_VALIDATING: LoadPhase
 LOAD_PHASE_WAITING_FOR_GPU: LoadPhase
@@ -77,6 +83,9 @@ DEVICE_KIND_ROCM: DeviceKind
 DEVICE_KIND_XPU: DeviceKind
 DEVICE_KIND_MPS: DeviceKind
 DEVICE_KIND_CPU: DeviceKind
+STEP_CACHE_MODE_UNSPECIFIED: StepCacheMode
+STEP_CACHE_MODE_OFF: StepCacheMode
+STEP_CACHE_MODE_FIRST_BLOCK: StepCacheMode
 
 class LoadRequest(_message.Message):
     __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index", "keep_alive")
@@ -169,7 +178,7 @@ class AdapterRef(_message.Message):
     def __init__(self, adapter_id: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("model_id", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seeds", "num_images", "adapters", "output_format", "encode_quality", "generation_id")
+    __slots__ = ("model_id", "prompt", "negative_prompt", "width", "height", "steps", "guidance_scale", "seeds", "num_images", "adapters", "output_format", "encode_quality", "generation_id", "step_cache")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     NEGATIVE_PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +192,7 @@ class GenerateRequest(_message.Message):
     OUTPUT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     ENCODE_QUALITY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_CACHE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     prompt: str
     negative_prompt: str
@@ -196,7 +206,16 @@ class GenerateRequest(_message.Message):
     output_format: ImageFormat
     encode_quality: int
     generation_id: str
-    def __init__(self, model_id: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seeds: _Optional[_Iterable[int]] = ..., num_images: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ..., output_format: _Optional[_Union[ImageFormat, str]] = ..., encode_quality: _Optional[int] = ..., generation_id: _Optional[str] = ...) -> None: ...
+    step_cache: StepCache
+    def __init__(self, model_id: _Optional[str] = ..., prompt: _Optional[str] = ..., negative_prompt: _Optional[str] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., steps: _Optional[int] = ..., guidance_scale: _Optional[float] = ..., seeds: _Optional[_Iterable[int]] = ..., num_images: _Optional[int] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ..., output_format: _Optional[_Union[ImageFormat, str]] = ..., encode_quality: _Optional[int] = ..., generation_id: _Optional[str] = ..., step_cache: _Optional[_Union[StepCache, _Mapping]] = ...) -> None: ...
+
+class StepCache(_message.Message):
+    __slots__ = ("mode", "threshold")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    mode: StepCacheMode
+    threshold: float
+    def __init__(self, mode: _Optional[_Union[StepCacheMode, str]] = ..., threshold: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("sequence", "generation_id", "phase", "queued", "progress", "result", "image")

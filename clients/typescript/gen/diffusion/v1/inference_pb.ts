@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file diffusion/v1/inference.proto.
  */
 export const file_diffusion_v1_inference: GenFile = /*@__PURE__*/
-  fileDesc("ChxkaWZmdXNpb24vdjEvaW5mZXJlbmNlLnByb3RvEgxkaWZmdXNpb24udjEimAQKC0xvYWRSZXF1ZXN0EhAKCG1vZGVsX2lkGAEgASgJEiQKBmZhbWlseRgCIAEoDjIULmRpZmZ1c2lvbi52MS5GYW1pbHkSKQoGc291cmNlGAMgASgLMhkuZGlmZnVzaW9uLnYxLk1vZGVsU291cmNlEjIKEWNvbXB1dGVfcHJlY2lzaW9uGAQgASgOMhcuZGlmZnVzaW9uLnYxLlByZWNpc2lvbhI2ChV0cmFuc2Zvcm1lcl9wcmVjaXNpb24YBSABKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEjcKFnRleHRfZW5jb2Rlcl9wcmVjaXNpb24YBiABKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEi0KC21lbW9yeV9tb2RlGAcgASgOMhguZGlmZnVzaW9uLnYxLk1lbW9yeU1vZGUSKwoKc3BlZWRfbW9kZRgIIAEoDjIXLmRpZmZ1c2lvbi52MS5TcGVlZE1vZGUSIAoTZnA4X2Zhc3RfYWNjdW11bGF0ZRgJIAEoCEgAiAEBEhAKCHByaW9yaXR5GAogASgFEhkKDGRldmljZV9pbmRleBgLIAEoBUgBiAEBEi0KCmtlZXBfYWxpdmUYDCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CFgoUX2ZwOF9mYXN0X2FjY3VtdWxhdGVCDwoNX2RldmljZV9pbmRleCLZAQoMTG9hZFJlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgDEiYKBXBoYXNlGAIgASgOMhcuZGlmZnVzaW9uLnYxLkxvYWRQaGFzZRIPCgdtZXNzYWdlGAMgASgJEhIKCmJ5dGVzX2RvbmUYBCABKAMSEwoLYnl0ZXNfdG90YWwYBSABKAMSKgoHZWxhcHNlZBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIpCgZyZXN1bHQYByABKAsyGS5kaWZmdXNpb24udjEuTG9hZGVkTW9kZWwi2wIKC0xvYWRlZE1vZGVsEhAKCG1vZGVsX2lkGAEgASgJEiQKBmZhbWlseRgCIAEoDjIULmRpZmZ1c2lvbi52MS5GYW1pbHkSEwoLZGV2aWNlX25hbWUYAyABKAkSFAoMZGV2aWNlX2luZGV4GAQgASgFEiEKGWVzdGltYXRlZF9mb290cHJpbnRfYnl0ZXMYBSABKAMSLwoIcmVzb2x2ZWQYBiADKAsyHS5kaWZmdXNpb24udjEuUmVzb2x2ZWRTZXR0aW5nEi8KC2xvYWRlZF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIqCghhZGFwdGVycxgIIAMoCzIYLmRpZmZ1c2lvbi52MS5BZGFwdGVyUmVmEikKBmxpbWl0cxgJIAEoCzIZLmRpZmZ1c2lvbi52MS5Nb2RlbExpbWl0cxINCgVvd25lchgKIAEoCSJmCgtNb2RlbExpbWl0cxIVCg1zaXplX211bHRpcGxlGAEgASgFEhEKCW1heF93aWR0aBgCIAEoBRISCgptYXhfaGVpZ2h0GAMgASgFEhkKEW1heF9wcm9tcHRfdG9rZW5zGAQgASgFIjAKCkFkYXB0ZXJSZWYSEgoKYWRhcHRlcl9pZBgBIAEoCRIOCgZ3ZWlnaHQYAiABKAIi8gIKD0dlbmVyYXRlUmVxdWVzdBIQCghtb2RlbF9pZBgBIAEoCRIOCgZwcm9tcHQYAiABKAkSFwoPbmVnYXRpdmVfcHJvbXB0GAMgASgJEg0KBXdpZHRoGAQgASgFEg4KBmhlaWdodBgFIAEoBRINCgVzdGVwcxgGIAEoBRIbCg5ndWlkYW5jZV9zY2FsZRgHIAEoAkgAiAEBEg0KBXNlZWRzGAggAygDEhIKCm51bV9pbWFnZXMYCSABKAUSKgoIYWRhcHRlcnMYCiADKAsyGC5kaWZmdXNpb24udjEuQWRhcHRlclJlZhIwCg1vdXRwdXRfZm9ybWF0GAsgASgOMhkuZGlmZnVzaW9uLnYxLkltYWdlRm9ybWF0EhsKDmVuY29kZV9xdWFsaXR5GAwgASgFSAGIAQESFQoNZ2VuZXJhdGlvbl9pZBgNIAEoCUIRCg9fZ3VpZGFuY2Vfc2NhbGVCEQoPX2VuY29kZV9xdWFsaXR5IrMCChBHZW5lcmF0ZVJlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgDEhUKDWdlbmVyYXRpb25faWQYAiABKAkSLAoFcGhhc2UYAyABKA4yHS5kaWZmdXNpb24udjEuR2VuZXJhdGlvblBoYXNlEjAKBnF1ZXVlZBgKIAEoCzIeLmRpZmZ1c2lvbi52MS5HZW5lcmF0aW9uUXVldWVkSAASLgoIcHJvZ3Jlc3MYCyABKAsyGi5kaWZmdXNpb24udjEuU3RlcFByb2dyZXNzSAASLgoGcmVzdWx0GAwgASgLMhwuZGlmZnVzaW9uLnYxLkdlbmVyYXRlUmVzdWx0SAASLQoFaW1hZ2UYDSABKAsyHC5kaWZmdXNpb24udjEuR2VuZXJhdGVkSW1hZ2VIAEIHCgVldmVudCIkChBHZW5lcmF0aW9uUXVldWVkEhAKCHBvc2l0aW9uGAEgASgFIoUBCgxTdGVwUHJvZ3Jlc3MSDAoEc3RlcBgBIAEoBRITCgt0b3RhbF9zdGVwcxgCIAEoBRIqCgdlbGFwc2VkGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEiYKA2V0YRgEIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiKxAQoOR2VuZXJhdGVSZXN1bHQSEwoLaW1hZ2VfY291bnQYBSABKAUSMAoHdGltaW5ncxgCIAEoCzIfLmRpZmZ1c2lvbi52MS5HZW5lcmF0aW9uVGltaW5ncxIvCghyZXNvbHZlZBgDIAMoCzIdLmRpZmZ1c2lvbi52MS5SZXNvbHZlZFNldHRpbmcSGQoRcGVha19tZW1vcnlfYnl0ZXMYBCABKANKBAgBEAJSBmltYWdlcyJeCg5HZW5lcmF0ZWRJbWFnZRIMCgRkYXRhGAEgASgMEhEKCW1pbWVfdHlwZRgCIAEoCRIMCgRzZWVkGAMgASgDEg0KBXdpZHRoGAQgASgFEg4KBmhlaWdodBgFIAEoBSKjAgoRR2VuZXJhdGlvblRpbWluZ3MSKQoGcXVldWVkGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjAKDWVuY29kZV9wcm9tcHQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKgoHZGVub2lzZRgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIpCgZkZWNvZGUYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMAoNZW5jb2RlX2ltYWdlcxgFIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIoCgV0b3RhbBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiIwChdDYW5jZWxHZW5lcmF0aW9uUmVxdWVzdBIVCg1nZW5lcmF0aW9uX2lkGAEgASgJIi8KGENhbmNlbEdlbmVyYXRpb25SZXNwb25zZRITCgt3YXNfcnVubmluZxgBIAEoCCIhCg1VbmxvYWRSZXF1ZXN0EhAKCG1vZGVsX2lkGAEgASgJIiUKDlVubG9hZFJlc3BvbnNlEhMKC2ZyZWVkX2J5dGVzGAEgASgDIhsKGUdldEluZmVyZW5jZVN0YXR1c1JlcXVlc3Qi3AEKGkdldEluZmVyZW5jZVN0YXR1c1Jlc3BvbnNlEikKBm1vZGVscxgBIAMoCzIZLmRpZmZ1c2lvbi52MS5Mb2FkZWRNb2RlbBIdChVydW5uaW5nX2dlbmVyYXRpb25faWQYAiABKAkSNAoQcnVubmluZ19wcm9ncmVzcxgDIAEoCzIaLmRpZmZ1c2lvbi52MS5TdGVwUHJvZ3Jlc3MSEwoLcXVldWVfZGVwdGgYBCABKAUSFwoPbWF4X3F1ZXVlX2RlcHRoGAUgASgFEhAKCGxlYXNlX2lkGAYgASgJIhgKFkdldENhcGFiaWxpdGllc1JlcXVlc3QinwEKDUNvbXB1dGVEZXZpY2USJgoEa2luZBgBIAEoDjIYLmRpZmZ1c2lvbi52MS5EZXZpY2VLaW5kEgwKBG5hbWUYAiABKAkSGgoSY29tcHV0ZV9jYXBhYmlsaXR5GAMgASgJEhMKC3RvdGFsX2J5dGVzGAQgASgDEhIKCmZyZWVfYnl0ZXMYBSABKAMSEwoLbmF0aXZlX2JmMTYYBiABKAgihwMKEkZhbWlseUNhcGFiaWxpdGllcxIkCgZmYW1pbHkYASABKA4yFC5kaWZmdXNpb24udjEuRmFtaWx5EjMKEmNvbXB1dGVfcHJlY2lzaW9ucxgCIAMoDjIXLmRpZmZ1c2lvbi52MS5QcmVjaXNpb24SNwoWdHJhbnNmb3JtZXJfcHJlY2lzaW9ucxgDIAMoDjIXLmRpZmZ1c2lvbi52MS5QcmVjaXNpb24SLgoMbWVtb3J5X21vZGVzGAQgAygOMhguZGlmZnVzaW9uLnYxLk1lbW9yeU1vZGUSLAoLc3BlZWRfbW9kZXMYBSADKA4yFy5kaWZmdXNpb24udjEuU3BlZWRNb2RlEhUKDWRlZmF1bHRfc3RlcHMYBiABKAUSHgoWZGVmYXVsdF9ndWlkYW5jZV9zY2FsZRgHIAEoAhIaChJkZWZhdWx0X3Jlc29sdXRpb24YCCABKAUSHQoVZGVuc2VfZm9vdHByaW50X2J5dGVzGAkgASgDEg0KBW5vdGVzGAogAygJInsKF0dldENhcGFiaWxpdGllc1Jlc3BvbnNlEiwKB2RldmljZXMYASADKAsyGy5kaWZmdXNpb24udjEuQ29tcHV0ZURldmljZRIyCghmYW1pbGllcxgCIAMoCzIgLmRpZmZ1c2lvbi52MS5GYW1pbHlDYXBhYmlsaXRpZXMiEwoRTGlzdE1vZGVsc1JlcXVlc3QiPwoSTGlzdE1vZGVsc1Jlc3BvbnNlEikKBm1vZGVscxgBIAMoCzIZLmRpZmZ1c2lvbi52MS5Mb2FkZWRNb2RlbCr6AQoJTG9hZFBoYXNlEhoKFkxPQURfUEhBU0VfVU5TUEVDSUZJRUQQABIZChVMT0FEX1BIQVNFX1ZBTElEQVRJTkcQARIeChpMT0FEX1BIQVNFX1dBSVRJTkdfRk9SX0dQVRACEhoKFkxPQURfUEhBU0VfRE9XTkxPQURJTkcQAxIXChNMT0FEX1BIQVNFX0JVSUxESU5HEAQSGQoVTE9BRF9QSEFTRV9RVUFOVElaSU5HEAUSGAoUTE9BRF9QSEFTRV9DT01QSUxJTkcQBhIWChJMT0FEX1BIQVNFX1dBUk1JTkcQBxIUChBMT0FEX1BIQVNFX1JFQURZEAgq9gEKD0dlbmVyYXRpb25QaGFzZRIgChxHRU5FUkFUSU9OX1BIQVNFX1VOU1BFQ0lGSUVEEAASGwoXR0VORVJBVElPTl9QSEFTRV9RVUVVRUQQARIkCiBHRU5FUkFUSU9OX1BIQVNFX0VOQ09ESU5HX1BST01QVBACEh4KGkdFTkVSQVRJT05fUEhBU0VfREVOT0lTSU5HEAMSHQoZR0VORVJBVElPTl9QSEFTRV9ERUNPRElORxAEEiQKIEdFTkVSQVRJT05fUEhBU0VfRU5DT0RJTkdfSU1BR0VTEAUSGQoVR0VORVJBVElPTl9QSEFTRV9ET05FEAYqigEKC0ltYWdlRm9ybWF0EhwKGElNQUdFX0ZPUk1BVF9VTlNQRUNJRklFRBAAEhQKEElNQUdFX0ZPUk1BVF9QTkcQARIVChFJTUFHRV9GT1JNQVRfV0VCUBACEhUKEUlNQUdFX0ZPUk1BVF9KUEVHEAMSGQoVSU1BR0VfRk9STUFUX1JBV19SR0I4EAQqlAEKCkRldmljZUtpbmQSGwoXREVWSUNFX0tJTkRfVU5TUEVDSUZJRUQQABIUChBERVZJQ0VfS0lORF9DVURBEAESFAoQREVWSUNFX0tJTkRfUk9DTRACEhMKD0RFVklDRV9LSU5EX1hQVRADEhMKD0RFVklDRV9LSU5EX01QUxAEEhMKD0RFVklDRV9LSU5EX0NQVRAFMuIEChBJbmZlcmVuY2VTZXJ2aWNlEj8KBExvYWQSGS5kaWZmdXNpb24udjEuTG9hZFJlcXVlc3QaGi5kaWZmdXNpb24udjEuTG9hZFJlc3BvbnNlMAESSwoIR2VuZXJhdGUSHS5kaWZmdXNpb24udjEuR2VuZXJhdGVSZXF1ZXN0Gh4uZGlmZnVzaW9uLnYxLkdlbmVyYXRlUmVzcG9uc2UwARJhChBDYW5jZWxHZW5lcmF0aW9uEiUuZGlmZnVzaW9uLnYxLkNhbmNlbEdlbmVyYXRpb25SZXF1ZXN0GiYuZGlmZnVzaW9uLnYxLkNhbmNlbEdlbmVyYXRpb25SZXNwb25zZRJDCgZVbmxvYWQSGy5kaWZmdXNpb24udjEuVW5sb2FkUmVxdWVzdBocLmRpZmZ1c2lvbi52MS5VbmxvYWRSZXNwb25zZRJnChJHZXRJbmZlcmVuY2VTdGF0dXMSJy5kaWZmdXNpb24udjEuR2V0SW5mZXJlbmNlU3RhdHVzUmVxdWVzdBooLmRpZmZ1c2lvbi52MS5HZXRJbmZlcmVuY2VTdGF0dXNSZXNwb25zZRJeCg9HZXRDYXBhYmlsaXRpZXMSJC5kaWZmdXNpb24udjEuR2V0Q2FwYWJpbGl0aWVzUmVxdWVzdBolLmRpZmZ1c2lvbi52MS5HZXRDYXBhYmlsaXRpZXNSZXNwb25zZRJPCgpMaXN0TW9kZWxzEh8uZGlmZnVzaW9uLnYxLkxpc3RNb2RlbHNSZXF1ZXN0GiAuZGlmZnVzaW9uLnYxLkxpc3RNb2RlbHNSZXNwb25zZWIGcHJvdG8z", [file_diffusion_v1_common, file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChxkaWZmdXNpb24vdjEvaW5mZXJlbmNlLnByb3RvEgxkaWZmdXNpb24udjEimAQKC0xvYWRSZXF1ZXN0EhAKCG1vZGVsX2lkGAEgASgJEiQKBmZhbWlseRgCIAEoDjIULmRpZmZ1c2lvbi52MS5GYW1pbHkSKQoGc291cmNlGAMgASgLMhkuZGlmZnVzaW9uLnYxLk1vZGVsU291cmNlEjIKEWNvbXB1dGVfcHJlY2lzaW9uGAQgASgOMhcuZGlmZnVzaW9uLnYxLlByZWNpc2lvbhI2ChV0cmFuc2Zvcm1lcl9wcmVjaXNpb24YBSABKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEjcKFnRleHRfZW5jb2Rlcl9wcmVjaXNpb24YBiABKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEi0KC21lbW9yeV9tb2RlGAcgASgOMhguZGlmZnVzaW9uLnYxLk1lbW9yeU1vZGUSKwoKc3BlZWRfbW9kZRgIIAEoDjIXLmRpZmZ1c2lvbi52MS5TcGVlZE1vZGUSIAoTZnA4X2Zhc3RfYWNjdW11bGF0ZRgJIAEoCEgAiAEBEhAKCHByaW9yaXR5GAogASgFEhkKDGRldmljZV9pbmRleBgLIAEoBUgBiAEBEi0KCmtlZXBfYWxpdmUYDCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb25CFgoUX2ZwOF9mYXN0X2FjY3VtdWxhdGVCDwoNX2RldmljZV9pbmRleCLZAQoMTG9hZFJlc3BvbnNlEhAKCHNlcXVlbmNlGAEgASgDEiYKBXBoYXNlGAIgASgOMhcuZGlmZnVzaW9uLnYxLkxvYWRQaGFzZRIPCgdtZXNzYWdlGAMgASgJEhIKCmJ5dGVzX2RvbmUYBCABKAMSEwoLYnl0ZXNfdG90YWwYBSABKAMSKgoHZWxhcHNlZBgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIpCgZyZXN1bHQYByABKAsyGS5kaWZmdXNpb24udjEuTG9hZGVkTW9kZWwi2wIKC0xvYWRlZE1vZGVsEhAKCG1vZGVsX2lkGAEgASgJEiQKBmZhbWlseRgCIAEoDjIULmRpZmZ1c2lvbi52MS5GYW1pbHkSEwoLZGV2aWNlX25hbWUYAyABKAkSFAoMZGV2aWNlX2luZGV4GAQgASgFEiEKGWVzdGltYXRlZF9mb290cHJpbnRfYnl0ZXMYBSABKAMSLwoIcmVzb2x2ZWQYBiADKAsyHS5kaWZmdXNpb24udjEuUmVzb2x2ZWRTZXR0aW5nEi8KC2xvYWRlZF90aW1lGAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIqCghhZGFwdGVycxgIIAMoCzIYLmRpZmZ1c2lvbi52MS5BZGFwdGVyUmVmEikKBmxpbWl0cxgJIAEoCzIZLmRpZmZ1c2lvbi52MS5Nb2RlbExpbWl0cxINCgVvd25lchgKIAEoCSJmCgtNb2RlbExpbWl0cxIVCg1zaXplX211bHRpcGxlGAEgASgFEhEKCW1heF93aWR0aBgCIAEoBRISCgptYXhfaGVpZ2h0GAMgASgFEhkKEW1heF9wcm9tcHRfdG9rZW5zGAQgASgFIjAKCkFkYXB0ZXJSZWYSEgoKYWRhcHRlcl9pZBgBIAEoCRIOCgZ3ZWlnaHQYAiABKAIinwMKD0dlbmVyYXRlUmVxdWVzdBIQCghtb2RlbF9pZBgBIAEoCRIOCgZwcm9tcHQYAiABKAkSFwoPbmVnYXRpdmVfcHJvbXB0GAMgASgJEg0KBXdpZHRoGAQgASgFEg4KBmhlaWdodBgFIAEoBRINCgVzdGVwcxgGIAEoBRIbCg5ndWlkYW5jZV9zY2FsZRgHIAEoAkgAiAEBEg0KBXNlZWRzGAggAygDEhIKCm51bV9pbWFnZXMYCSABKAUSKgoIYWRhcHRlcnMYCiADKAsyGC5kaWZmdXNpb24udjEuQWRhcHRlclJlZhIwCg1vdXRwdXRfZm9ybWF0GAsgASgOMhkuZGlmZnVzaW9uLnYxLkltYWdlRm9ybWF0EhsKDmVuY29kZV9xdWFsaXR5GAwgASgFSAGIAQESFQoNZ2VuZXJhdGlvbl9pZBgNIAEoCRIrCgpzdGVwX2NhY2hlGA4gASgLMhcuZGlmZnVzaW9uLnYxLlN0ZXBDYWNoZUIRCg9fZ3VpZGFuY2Vfc2NhbGVCEQoPX2VuY29kZV9xdWFsaXR5IlwKCVN0ZXBDYWNoZRIpCgRtb2RlGAEgASgOMhsuZGlmZnVzaW9uLnYxLlN0ZXBDYWNoZU1vZGUSFgoJdGhyZXNob2xkGAIgASgCSACIAQFCDAoKX3RocmVzaG9sZCKzAgoQR2VuZXJhdGVSZXNwb25zZRIQCghzZXF1ZW5jZRgBIAEoAxIVCg1nZW5lcmF0aW9uX2lkGAIgASgJEiwKBXBoYXNlGAMgASgOMh0uZGlmZnVzaW9uLnYxLkdlbmVyYXRpb25QaGFzZRIwCgZxdWV1ZWQYCiABKAsyHi5kaWZmdXNpb24udjEuR2VuZXJhdGlvblF1ZXVlZEgAEi4KCHByb2dyZXNzGAsgASgLMhouZGlmZnVzaW9uLnYxLlN0ZXBQcm9ncmVzc0gAEi4KBnJlc3VsdBgMIAEoCzIcLmRpZmZ1c2lvbi52MS5HZW5lcmF0ZVJlc3VsdEgAEi0KBWltYWdlGA0gASgLMhwuZGlmZnVzaW9uLnYxLkdlbmVyYXRlZEltYWdlSABCBwoFZXZlbnQiJAoQR2VuZXJhdGlvblF1ZXVlZBIQCghwb3NpdGlvbhgBIAEoBSKFAQoMU3RlcFByb2dyZXNzEgwKBHN0ZXAYASABKAUSEwoLdG90YWxfc3RlcHMYAiABKAUSKgoHZWxhcHNlZBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhImCgNldGEYBCABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24isQEKDkdlbmVyYXRlUmVzdWx0EhMKC2ltYWdlX2NvdW50GAUgASgFEjAKB3RpbWluZ3MYAiABKAsyHy5kaWZmdXNpb24udjEuR2VuZXJhdGlvblRpbWluZ3MSLwoIcmVzb2x2ZWQYAyADKAsyHS5kaWZmdXNpb24udjEuUmVzb2x2ZWRTZXR0aW5nEhkKEXBlYWtfbWVtb3J5X2J5dGVzGAQgASgDSgQIARACUgZpbWFnZXMiXgoOR2VuZXJhdGVkSW1hZ2USDAoEZGF0YRgBIAEoDBIRCgltaW1lX3R5cGUYAiABKAkSDAoEc2VlZBgDIAEoAxINCgV3aWR0aBgEIAEoBRIOCgZoZWlnaHQYBSABKAUiowIKEUdlbmVyYXRpb25UaW1pbmdzEikKBnF1ZXVlZBgBIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIwCg1lbmNvZGVfcHJvbXB0GAIgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEioKB2Rlbm9pc2UYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKQoGZGVjb2RlGAQgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjAKDWVuY29kZV9pbWFnZXMYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SKAoFdG90YWwYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iMAoXQ2FuY2VsR2VuZXJhdGlvblJlcXVlc3QSFQoNZ2VuZXJhdGlvbl9pZBgBIAEoCSIvChhDYW5jZWxHZW5lcmF0aW9uUmVzcG9uc2USEwoLd2FzX3J1bm5pbmcYASABKAgiIQoNVW5sb2FkUmVxdWVzdBIQCghtb2RlbF9pZBgBIAEoCSIlCg5VbmxvYWRSZXNwb25zZRITCgtmcmVlZF9ieXRlcxgBIAEoAyIbChlHZXRJbmZlcmVuY2VTdGF0dXNSZXF1ZXN0ItwBChpHZXRJbmZlcmVuY2VTdGF0dXNSZXNwb25zZRIpCgZtb2RlbHMYASADKAsyGS5kaWZmdXNpb24udjEuTG9hZGVkTW9kZWwSHQoVcnVubmluZ19nZW5lcmF0aW9uX2lkGAIgASgJEjQKEHJ1bm5pbmdfcHJvZ3Jlc3MYAyABKAsyGi5kaWZmdXNpb24udjEuU3RlcFByb2dyZXNzEhMKC3F1ZXVlX2RlcHRoGAQgASgFEhcKD21heF9xdWV1ZV9kZXB0aBgFIAEoBRIQCghsZWFzZV9pZBgGIAEoCSIYChZHZXRDYXBhYmlsaXRpZXNSZXF1ZXN0Ip8BCg1Db21wdXRlRGV2aWNlEiYKBGtpbmQYASABKA4yGC5kaWZmdXNpb24udjEuRGV2aWNlS2luZBIMCgRuYW1lGAIgASgJEhoKEmNvbXB1dGVfY2FwYWJpbGl0eRgDIAEoCRITCgt0b3RhbF9ieXRlcxgEIAEoAxISCgpmcmVlX2J5dGVzGAUgASgDEhMKC25hdGl2ZV9iZjE2GAYgASgIIocDChJGYW1pbHlDYXBhYmlsaXRpZXMSJAoGZmFtaWx5GAEgASgOMhQuZGlmZnVzaW9uLnYxLkZhbWlseRIzChJjb21wdXRlX3ByZWNpc2lvbnMYAiADKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEjcKFnRyYW5zZm9ybWVyX3ByZWNpc2lvbnMYAyADKA4yFy5kaWZmdXNpb24udjEuUHJlY2lzaW9uEi4KDG1lbW9yeV9tb2RlcxgEIAMoDjIYLmRpZmZ1c2lvbi52MS5NZW1vcnlNb2RlEiwKC3NwZWVkX21vZGVzGAUgAygOMhcuZGlmZnVzaW9uLnYxLlNwZWVkTW9kZRIVCg1kZWZhdWx0X3N0ZXBzGAYgASgFEh4KFmRlZmF1bHRfZ3VpZGFuY2Vfc2NhbGUYByABKAISGgoSZGVmYXVsdF9yZXNvbHV0aW9uGAggASgFEh0KFWRlbnNlX2Zvb3RwcmludF9ieXRlcxgJIAEoAxINCgVub3RlcxgKIAMoCSJ7ChdHZXRDYXBhYmlsaXRpZXNSZXNwb25zZRIsCgdkZXZpY2VzGAEgAygLMhsuZGlmZnVzaW9uLnYxLkNvbXB1dGVEZXZpY2USMgoIZmFtaWxpZXMYAiADKAsyIC5kaWZmdXNpb24udjEuRmFtaWx5Q2FwYWJpbGl0aWVzIhMKEUxpc3RNb2RlbHNSZXF1ZXN0Ij8KEkxpc3RNb2RlbHNSZXNwb25zZRIpCgZtb2RlbHMYASADKAsyGS5kaWZmdXNpb24udjEuTG9hZGVkTW9kZWwq+gEKCUxvYWRQaGFzZRIaChZMT0FEX1BIQVNFX1VOU1BFQ0lGSUVEEAASGQoVTE9BRF9QSEFTRV9WQUxJREFUSU5HEAESHgoaTE9BRF9QSEFTRV9XQUlUSU5HX0ZPUl9HUFUQAhIaChZMT0FEX1BIQVNFX0RPV05MT0FESU5HEAMSFwoTTE9BRF9QSEFTRV9CVUlMRElORxAEEhkKFUxPQURfUEhBU0VfUVVBTlRJWklORxAFEhgKFExPQURfUEhBU0VfQ09NUElMSU5HEAYSFgoSTE9BRF9QSEFTRV9XQVJNSU5HEAcSFAoQTE9BRF9QSEFTRV9SRUFEWRAIKvYBCg9HZW5lcmF0aW9uUGhhc2USIAocR0VORVJBVElPTl9QSEFTRV9VTlNQRUNJRklFRBAAEhsKF0dFTkVSQVRJT05fUEhBU0VfUVVFVUVEEAESJAogR0VORVJBVElPTl9QSEFTRV9FTkNPRElOR19QUk9NUFQQAhIeChpHRU5FUkFUSU9OX1BIQVNFX0RFTk9JU0lORxADEh0KGUdFTkVSQVRJT05fUEhBU0VfREVDT0RJTkcQBBIkCiBHRU5FUkFUSU9OX1BIQVNFX0VOQ09ESU5HX0lNQUdFUxAFEhkKFUdFTkVSQVRJT05fUEhBU0VfRE9ORRAGKooBCgtJbWFnZUZvcm1hdBIcChhJTUFHRV9GT1JNQVRfVU5TUEVDSUZJRUQQABIUChBJTUFHRV9GT1JNQVRfUE5HEAESFQoRSU1BR0VfRk9STUFUX1dFQlAQAhIVChFJTUFHRV9GT1JNQVRfSlBFRxADEhkKFUlNQUdFX0ZPUk1BVF9SQVdfUkdCOBAEKpQBCgpEZXZpY2VLaW5kEhsKF0RFVklDRV9LSU5EX1VOU1BFQ0lGSUVEEAASFAoQREVWSUNFX0tJTkRfQ1VEQRABEhQKEERFVklDRV9LSU5EX1JPQ00QAhITCg9ERVZJQ0VfS0lORF9YUFUQAxITCg9ERVZJQ0VfS0lORF9NUFMQBBITCg9ERVZJQ0VfS0lORF9DUFUQBSpqCg1TdGVwQ2FjaGVNb2RlEh8KG1NURVBfQ0FDSEVfTU9ERV9VTlNQRUNJRklFRBAAEhcKE1NURVBfQ0FDSEVfTU9ERV9PRkYQARIfChtTVEVQX0NBQ0hFX01PREVfRklSU1RfQkxPQ0sQAjLiBAoQSW5mZXJlbmNlU2VydmljZRI/CgRMb2FkEhkuZGlmZnVzaW9uLnYxLkxvYWRSZXF1ZXN0GhouZGlmZnVzaW9uLnYxLkxvYWRSZXNwb25zZTABEksKCEdlbmVyYXRlEh0uZGlmZnVzaW9uLnYxLkdlbmVyYXRlUmVxdWVzdBoeLmRpZmZ1c2lvbi52MS5HZW5lcmF0ZVJlc3BvbnNlMAESYQoQQ2FuY2VsR2VuZXJhdGlvbhIlLmRpZmZ1c2lvbi52MS5DYW5jZWxHZW5lcmF0aW9uUmVxdWVzdBomLmRpZmZ1c2lvbi52MS5DYW5jZWxHZW5lcmF0aW9uUmVzcG9uc2USQwoGVW5sb2FkEhsuZGlmZnVzaW9uLnYxLlVubG9hZFJlcXVlc3QaHC5kaWZmdXNpb24udjEuVW5sb2FkUmVzcG9uc2USZwoSR2V0SW5mZXJlbmNlU3RhdHVzEicuZGlmZnVzaW9uLnYxLkdldEluZmVyZW5jZVN0YXR1c1JlcXVlc3QaKC5kaWZmdXNpb24udjEuR2V0SW5mZXJlbmNlU3RhdHVzUmVzcG9uc2USXgoPR2V0Q2FwYWJpbGl0aWVzEiQuZGlmZnVzaW9uLnYxLkdldENhcGFiaWxpdGllc1JlcXVlc3QaJS5kaWZmdXNpb24udjEuR2V0Q2FwYWJpbGl0aWVzUmVzcG9uc2USTwoKTGlzdE1vZGVscxIfLmRpZmZ1c2lvbi52MS5MaXN0TW9kZWxzUmVxdWVzdBogLmRpZmZ1c2lvbi52MS5MaXN0TW9kZWxzUmVzcG9uc2ViBnByb3RvMw", [file_diffusion_v1_common, file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Loads a model.
@@ -436,6 +436,13 @@ export type GenerateRequest = Message<"diffusion.v1.GenerateRequest"> & {
    * @generated from field: string generation_id = 13;
    */
   generationId: string;
+
+  /**
+   * Reuse of the denoiser's work across steps (opt-in; it changes the image). Unset: off.
+   *
+   * @generated from field: diffusion.v1.StepCache step_cache = 14;
+   */
+  stepCache?: StepCache | undefined;
 };
 
 /**
@@ -444,6 +451,35 @@ export type GenerateRequest = Message<"diffusion.v1.GenerateRequest"> & {
  */
 export const GenerateRequestSchema: GenMessage<GenerateRequest> = /*@__PURE__*/
   messageDesc(file_diffusion_v1_inference, 5);
+
+/**
+ * Step caching for one generation; its resolved record says how many denoiser passes ran every block.
+ *
+ * @generated from message diffusion.v1.StepCache
+ */
+export type StepCache = Message<"diffusion.v1.StepCache"> & {
+  /**
+   * How. Unset: off.
+   *
+   * @generated from field: diffusion.v1.StepCacheMode mode = 1;
+   */
+  mode: StepCacheMode;
+
+  /**
+   * FIRST_BLOCK's threshold, above 0 and at most 1: higher skips more steps and changes the image more.
+   * Unset: 0.08.
+   *
+   * @generated from field: optional float threshold = 2;
+   */
+  threshold?: number | undefined;
+};
+
+/**
+ * Describes the message diffusion.v1.StepCache.
+ * Use `create(StepCacheSchema)` to create a new message.
+ */
+export const StepCacheSchema: GenMessage<StepCache> = /*@__PURE__*/
+  messageDesc(file_diffusion_v1_inference, 6);
 
 /**
  * One event of a generation.
@@ -517,7 +553,7 @@ export type GenerateResponse = Message<"diffusion.v1.GenerateResponse"> & {
  * Use `create(GenerateResponseSchema)` to create a new message.
  */
 export const GenerateResponseSchema: GenMessage<GenerateResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 6);
+  messageDesc(file_diffusion_v1_inference, 7);
 
 /**
  * A generation waits.
@@ -538,7 +574,7 @@ export type GenerationQueued = Message<"diffusion.v1.GenerationQueued"> & {
  * Use `create(GenerationQueuedSchema)` to create a new message.
  */
 export const GenerationQueuedSchema: GenMessage<GenerationQueued> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 7);
+  messageDesc(file_diffusion_v1_inference, 8);
 
 /**
  * One denoising step finished.
@@ -580,7 +616,7 @@ export type StepProgress = Message<"diffusion.v1.StepProgress"> & {
  * Use `create(StepProgressSchema)` to create a new message.
  */
 export const StepProgressSchema: GenMessage<StepProgress> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 8);
+  messageDesc(file_diffusion_v1_inference, 9);
 
 /**
  * How a generation's images were made. The images themselves come one per `image` event before it.
@@ -622,7 +658,7 @@ export type GenerateResult = Message<"diffusion.v1.GenerateResult"> & {
  * Use `create(GenerateResultSchema)` to create a new message.
  */
 export const GenerateResultSchema: GenMessage<GenerateResult> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 9);
+  messageDesc(file_diffusion_v1_inference, 10);
 
 /**
  * One image.
@@ -671,7 +707,7 @@ export type GeneratedImage = Message<"diffusion.v1.GeneratedImage"> & {
  * Use `create(GeneratedImageSchema)` to create a new message.
  */
 export const GeneratedImageSchema: GenMessage<GeneratedImage> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 10);
+  messageDesc(file_diffusion_v1_inference, 11);
 
 /**
  * Time spent per phase.
@@ -727,7 +763,7 @@ export type GenerationTimings = Message<"diffusion.v1.GenerationTimings"> & {
  * Use `create(GenerationTimingsSchema)` to create a new message.
  */
 export const GenerationTimingsSchema: GenMessage<GenerationTimings> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 11);
+  messageDesc(file_diffusion_v1_inference, 12);
 
 /**
  * Cancels a generation.
@@ -748,7 +784,7 @@ export type CancelGenerationRequest = Message<"diffusion.v1.CancelGenerationRequ
  * Use `create(CancelGenerationRequestSchema)` to create a new message.
  */
 export const CancelGenerationRequestSchema: GenMessage<CancelGenerationRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 12);
+  messageDesc(file_diffusion_v1_inference, 13);
 
 /**
  * The result of CancelGeneration.
@@ -769,7 +805,7 @@ export type CancelGenerationResponse = Message<"diffusion.v1.CancelGenerationRes
  * Use `create(CancelGenerationResponseSchema)` to create a new message.
  */
 export const CancelGenerationResponseSchema: GenMessage<CancelGenerationResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 13);
+  messageDesc(file_diffusion_v1_inference, 14);
 
 /**
  * Unloads a model.
@@ -790,7 +826,7 @@ export type UnloadRequest = Message<"diffusion.v1.UnloadRequest"> & {
  * Use `create(UnloadRequestSchema)` to create a new message.
  */
 export const UnloadRequestSchema: GenMessage<UnloadRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 14);
+  messageDesc(file_diffusion_v1_inference, 15);
 
 /**
  * The result of Unload.
@@ -811,7 +847,7 @@ export type UnloadResponse = Message<"diffusion.v1.UnloadResponse"> & {
  * Use `create(UnloadResponseSchema)` to create a new message.
  */
 export const UnloadResponseSchema: GenMessage<UnloadResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 15);
+  messageDesc(file_diffusion_v1_inference, 16);
 
 /**
  * Asks for the service's state.
@@ -826,7 +862,7 @@ export type GetInferenceStatusRequest = Message<"diffusion.v1.GetInferenceStatus
  * Use `create(GetInferenceStatusRequestSchema)` to create a new message.
  */
 export const GetInferenceStatusRequestSchema: GenMessage<GetInferenceStatusRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 16);
+  messageDesc(file_diffusion_v1_inference, 17);
 
 /**
  * The service's state.
@@ -882,7 +918,7 @@ export type GetInferenceStatusResponse = Message<"diffusion.v1.GetInferenceStatu
  * Use `create(GetInferenceStatusResponseSchema)` to create a new message.
  */
 export const GetInferenceStatusResponseSchema: GenMessage<GetInferenceStatusResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 17);
+  messageDesc(file_diffusion_v1_inference, 18);
 
 /**
  * Asks what the host can run.
@@ -897,7 +933,7 @@ export type GetCapabilitiesRequest = Message<"diffusion.v1.GetCapabilitiesReques
  * Use `create(GetCapabilitiesRequestSchema)` to create a new message.
  */
 export const GetCapabilitiesRequestSchema: GenMessage<GetCapabilitiesRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 18);
+  messageDesc(file_diffusion_v1_inference, 19);
 
 /**
  * One compute device as the inference service sees it.
@@ -953,7 +989,7 @@ export type ComputeDevice = Message<"diffusion.v1.ComputeDevice"> & {
  * Use `create(ComputeDeviceSchema)` to create a new message.
  */
 export const ComputeDeviceSchema: GenMessage<ComputeDevice> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 19);
+  messageDesc(file_diffusion_v1_inference, 20);
 
 /**
  * What one family can use on this host.
@@ -1037,7 +1073,7 @@ export type FamilyCapabilities = Message<"diffusion.v1.FamilyCapabilities"> & {
  * Use `create(FamilyCapabilitiesSchema)` to create a new message.
  */
 export const FamilyCapabilitiesSchema: GenMessage<FamilyCapabilities> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 20);
+  messageDesc(file_diffusion_v1_inference, 21);
 
 /**
  * What the host can run.
@@ -1065,7 +1101,7 @@ export type GetCapabilitiesResponse = Message<"diffusion.v1.GetCapabilitiesRespo
  * Use `create(GetCapabilitiesResponseSchema)` to create a new message.
  */
 export const GetCapabilitiesResponseSchema: GenMessage<GetCapabilitiesResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 21);
+  messageDesc(file_diffusion_v1_inference, 22);
 
 /**
  * Lists loaded models.
@@ -1080,7 +1116,7 @@ export type ListModelsRequest = Message<"diffusion.v1.ListModelsRequest"> & {
  * Use `create(ListModelsRequestSchema)` to create a new message.
  */
 export const ListModelsRequestSchema: GenMessage<ListModelsRequest> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 22);
+  messageDesc(file_diffusion_v1_inference, 23);
 
 /**
  * The loaded models.
@@ -1101,7 +1137,7 @@ export type ListModelsResponse = Message<"diffusion.v1.ListModelsResponse"> & {
  * Use `create(ListModelsResponseSchema)` to create a new message.
  */
 export const ListModelsResponseSchema: GenMessage<ListModelsResponse> = /*@__PURE__*/
-  messageDesc(file_diffusion_v1_inference, 23);
+  messageDesc(file_diffusion_v1_inference, 24);
 
 /**
  * Phases of a load, in order.
@@ -1343,6 +1379,43 @@ export enum DeviceKind {
  */
 export const DeviceKindSchema: GenEnum<DeviceKind> = /*@__PURE__*/
   enumDesc(file_diffusion_v1_inference, 3);
+
+/**
+ * How a generation may skip denoiser work on steps whose input barely changed.
+ *
+ * @generated from enum diffusion.v1.StepCacheMode
+ */
+export enum StepCacheMode {
+  /**
+   * Not set: off.
+   *
+   * @generated from enum value: STEP_CACHE_MODE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Every step runs every block (the default).
+   *
+   * @generated from enum value: STEP_CACHE_MODE_OFF = 1;
+   */
+  OFF = 1,
+
+  /**
+   * First-Block Cache: each step runs the first block; when its output residual changed by less than
+   * `threshold` (relative) since the last step that ran them all, the remaining blocks are skipped and their
+   * cached residual is reused. FLUX.1 and Qwen-Image; a model loaded with a compiling speed mode cannot skip
+   * blocks (FAILED_PRECONDITION), nor can families without a block cache (Z-Image, SDXL).
+   *
+   * @generated from enum value: STEP_CACHE_MODE_FIRST_BLOCK = 2;
+   */
+  FIRST_BLOCK = 2,
+}
+
+/**
+ * Describes the enum diffusion.v1.StepCacheMode.
+ */
+export const StepCacheModeSchema: GenEnum<StepCacheMode> = /*@__PURE__*/
+  enumDesc(file_diffusion_v1_inference, 4);
 
 /**
  * Loads diffusion pipelines and generates images, streaming progress.
