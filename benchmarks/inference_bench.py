@@ -73,7 +73,8 @@ def setting(resolved, control):
     return next((r for r in resolved if r.control == control), None)
 
 
-def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=()):
+def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=(),
+             step_caches=()):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
     for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
     req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=c.ModelSource(local_dir=str(model_dir)),
@@ -133,6 +134,30 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         value = psnr(images[steps], references[steps])
         record(mode, "psnr_vs_bf16_off_db", value if math.isfinite(value) else 999.0, "dB", steps=steps,
                note="999 means identical" if not math.isfinite(value) else "")
+    uncached_step = statistics.median(ms(r[1].timings.denoise) / steps for r in results)
+    for threshold in step_caches:  # the same generation with First-Block Cache: speed, passes skipped, PSNR
+        cached = pb.GenerateRequest()
+        cached.CopyFrom(request)
+        cached.step_cache.CopyFrom(pb.StepCache(mode=pb.STEP_CACHE_MODE_FIRST_BLOCK, threshold=threshold))
+        try:
+            runs = []
+            for _ in range(gens):
+                t = time.perf_counter()
+                out = collect(stub.Generate(cached, timeout=900))
+                runs.append((time.perf_counter() - t, out))
+        except grpc.RpcError as e:
+            record(mode, "step_cache_ran", 0, "bool", threshold=threshold, detail=f"{e.code().name}: {e.details()}")
+            continue
+        per_step = statistics.median(ms(r[1].timings.denoise) / steps for r in runs)
+        passes = setting(runs[-1][1].resolved, "step_cache").applied
+        value = psnr(image_array(runs[-1][1].images[0].data), images[steps])
+        record(mode, "e2e_generate_ms", statistics.median(r[0] for r in runs) * 1000, "ms", steps=steps,
+               step_cache=threshold)
+        record(mode, "denoise_ms_per_step", per_step, "ms", step_cache=threshold, passes=passes)
+        record(mode, "step_cache_denoise_speedup", uncached_step / per_step, "x", step_cache=threshold,
+               target=">= 1.5 at >= 30 dB (FLUX, 28 steps)")
+        record(mode, "step_cache_psnr_vs_uncached_db", value if math.isfinite(value) else 999.0, "dB",
+               step_cache=threshold, note="against this mode's own uncached image of the same seed")
     for extra in extra_steps:
         extra_request = pb.GenerateRequest()
         extra_request.CopyFrom(request)
@@ -180,6 +205,8 @@ def main() -> None:
     p.add_argument("--formats", default="", help="also time each mode's Generate in these output formats "
                                                  "(comma-separated: jpeg,webp,raw_rgb8); PNG is always timed")
     p.add_argument("--warm-restart", action="store_true", help="restart the service and time a warm compile")
+    p.add_argument("--step-cache", default="", help="also time each mode's Generate with First-Block Cache at these "
+                                                    "thresholds (comma-separated), against its uncached image")
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
     args = p.parse_args()
@@ -220,7 +247,8 @@ def main() -> None:
             print(f"--- {mode}", flush=True)
             images = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, references,
                               extra_steps=step_counts if mode == "bf16-off" else (),
-                              formats=[f for f in args.formats.split(",") if f])
+                              formats=[f for f in args.formats.split(",") if f],
+                              step_caches=[float(x) for x in args.step_cache.split(",") if x])
             if mode == "bf16-off":
                 import numpy as np
 
