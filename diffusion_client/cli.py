@@ -22,6 +22,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
+from diffusion.v1 import broker_pb2
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as ipb
 from diffusion.v1 import training_pb2 as tpb
@@ -242,6 +243,13 @@ def cmd_adapters(args) -> int:
 
 # ---- broker -------------------------------------------------------------------------------------
 
+def compute_of(lease) -> str:
+    """What a lease's holder does with the device's compute: interactive (busy or idle), or batch (yielding)."""
+    if lease.compute_class == broker_pb2.COMPUTE_CLASS_BATCH:
+        return f"batch, yields to {lease.yielding_to_lease_id}" if lease.yielding_to_lease_id else "batch"
+    return "interactive, busy" if lease.busy else "interactive"
+
+
 def cmd_status(args) -> int:
     gpu = Broker(address(args, "broker"))
     try:
@@ -254,8 +262,8 @@ def cmd_status(args) -> int:
           ["DEVICE", "NAME", "TOTAL", "LEASED"])
     print()
     table([[x.lease_id, x.holder.client_id, str(x.device_index), "whole" if x.exclusive else gib(x.memory_bytes),
-            str(x.holder.priority), x.holder.purpose[:50]] for x in state.leases],
-          ["LEASE", "HOLDER", "DEVICE", "MEMORY", "PRIORITY", "PURPOSE"])
+            str(x.holder.priority), compute_of(x), x.holder.purpose[:50]] for x in state.leases],
+          ["LEASE", "HOLDER", "DEVICE", "MEMORY", "PRIORITY", "COMPUTE", "PURPOSE"])
     if state.queue:
         print()
         table([[str(w.position), w.request_id, w.holder.client_id, gib(w.memory_bytes),

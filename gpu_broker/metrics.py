@@ -11,6 +11,8 @@ DEVICE_BYTES = Gauge("diffusion_broker_device_bytes", "Memory of each device the
 LEASED_BYTES = Gauge("diffusion_broker_leased_bytes", "Bytes leased, by device and holder", ["device", "holder"])
 LEASES = Gauge("diffusion_broker_leases", "Leases held, by device and holder", ["device", "holder"])
 QUEUE = Gauge("diffusion_broker_queue_depth", "Acquire requests waiting")
+YIELDING = Gauge("diffusion_broker_yielding_leases",
+                 "Batch leases asked to yield compute to a busy interactive lease, by device", ["device"])
 TRANSITIONS = Counter("diffusion_broker_transitions_total",
                       "Lease transitions by kind (granted, preempt_requested, over_lease, ...)", ["kind"])
 
@@ -22,8 +24,10 @@ def devices(infos) -> None:
 
 def books(leases, queue_depth: int) -> None:
     """Sets the lease gauges from the live leases (LeaseRecord-like: device_index, holder, memory_bytes)."""
-    bytes_by, count_by = {}, {}
+    bytes_by, count_by, yielding = {}, {}, {}
     for lease in leases:
+        device = str(lease.device_index)
+        yielding[device] = yielding.get(device, 0) + (1 if getattr(lease, "yielding_to", "") else 0)
         key = (str(lease.device_index), lease.holder.client_id)
         bytes_by[key] = bytes_by.get(key, 0) + lease.memory_bytes
         count_by[key] = count_by.get(key, 0) + 1
@@ -32,6 +36,9 @@ def books(leases, queue_depth: int) -> None:
     for key, value in bytes_by.items():
         LEASED_BYTES.labels(*key).set(value)
         LEASES.labels(*key).set(count_by[key])
+    YIELDING.clear()
+    for device, n in yielding.items():
+        YIELDING.labels(device).set(n)
     QUEUE.set(queue_depth)
 
 

@@ -63,6 +63,7 @@ def test_load_generate_models_status_unload(services, tiny_models, tmp_path):
     assert models.returncode == 0 and models.stdout.splitlines()[1].split()[:2] == ["z", "zimage"]
     status = cli(services, "status")
     assert status.returncode == 0 and "inference-0" in status.stdout, status.stdout
+    assert "COMPUTE" in status.stdout and "interactive" in status.stdout  # the inference lease's class
     assert cli(services, "unload", "z").returncode == 0
     assert "z" not in cli(services, "--json", "models").stdout
 

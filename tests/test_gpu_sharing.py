@@ -17,6 +17,7 @@ from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.gpu_broker.harness import GiB
 from tests.inference_service.harness import InferenceClient, result_of
+from tests.test_metrics import METRICS, scrape, value
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 
@@ -35,9 +36,9 @@ def test_training_yields_between_steps_while_a_generation_runs_and_resumes_after
     dirs["data"].mkdir()
     for i in range(2):
         Image.new("RGB", (64, 64), (90 * i, 40, 160)).save(dirs["data"] / f"{i}.png")
-    broker_proc, _ = start_broker(fake_devices="1x24GiB")
+    broker_proc, _ = start_broker(*METRICS, fake_devices="1x24GiB")
     training = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir",
-                             str(dirs["out"]), "--adapter-store", str(dirs["adapters"]), timeout=180)
+                             str(dirs["out"]), "--adapter-store", str(dirs["adapters"]), *METRICS, timeout=180)
     inference = start_service("inference_service", "--broker", broker_proc.address, "--busy-linger", str(LINGER_S),
                               *InferenceClient.TEST_FLAGS, timeout=180)
     channel = grpc.insecure_channel(training.address, options=CLIENT_OPTIONS)
@@ -63,6 +64,11 @@ def test_training_yields_between_steps_while_a_generation_runs_and_resumes_after
         generation = result_of(client.generate("tiny-z", steps=2))
         done_at = time.time()
         assert resumed.wait(60), [(kind(e), e.phase.message) for e in events if kind(e) == "phase"]
+        deadline = time.monotonic() + 30
+        while not [e for e in events[-3:] if kind(e) == "step" and e.step.yielded.ToNanoseconds()]:
+            assert time.monotonic() < deadline, "no step after the resume"
+            time.sleep(0.05)
+        broker_figures, training_figures = scrape(broker_proc), scrape(training)
         stub.StopTraining(pb.StopTrainingRequest(job_id=job_id, mode=pb.STOP_MODE_DISCARD), timeout=30)
         watcher.join(120)
     finally:
@@ -83,6 +89,11 @@ def test_training_yields_between_steps_while_a_generation_runs_and_resumes_after
     assert events[back].time.ToDatetime().timestamp() >= done_at + LINGER_S * 0.8
     step_after = next(e.step for e in events[back:] if kind(e) == "step")
     assert step_after.yielded.ToNanoseconds() / 1e9 >= LINGER_S * 0.8
+    # what an operator sees: the broker's yield transitions, the seconds the job yielded
+    for what in ("yield_requested", "yield_withdrawn"):
+        assert value(broker_figures, "diffusion_broker_transitions_total", kind=what) >= 1
+    yielded = value(training_figures, "diffusion_training_yielded_seconds_total", family="zimage")
+    assert yielded >= LINGER_S * 0.8
 
 
 def test_a_lease_the_broker_no_longer_has_is_said_as_a_fallback_in_the_record(start_broker):

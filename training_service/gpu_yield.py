@@ -1,8 +1,10 @@
-"""A training job's side of sharing its GPU with inference: between steps, it waits while the broker asks batch
-work on its device to yield (a busy interactive holder, gpu_broker.compute_share), and says so on its stream.
+"""A training job's side of sharing its GPU with inference: it waits while the broker asks batch work on its
+device to yield (a busy interactive holder, gpu_broker.compute_share), and says so on its stream.
 
-The gate only ever pauses at a step boundary: the step before it has finished on the device (the step's loss was
-read), so a paused job leaves the GPU's compute to the generation, and keeps its memory and lease.
+The recipe calls the gate at two points of every step: between steps (the step before has finished on the
+device: its loss was read) and between a forward pass and its backward (the backward is most of a step, so
+inference gets the GPU up to that much sooner; the forward's last kernels may still finish, and its
+activations stay in memory, within the lease). A paused job keeps its memory and lease.
 """
 from __future__ import annotations
 
@@ -31,15 +33,16 @@ class YieldGate:
         """It may resume at full rate (or it is stopping)."""
         self._resume.set()
 
-    def __call__(self, step: int) -> float:
-        """At a step boundary: returns at once unless asked to yield, else once resumed or stopping. Returns the
-        seconds it waited."""
+    def __call__(self, step: int, where: str = "between steps") -> float:
+        """At a pause point (`where`: between steps, or between a step's forward and backward passes): returns at
+        once unless asked to yield, else once resumed or stopping. Returns the seconds it waited."""
         if self._resume.is_set():
             return 0.0
         t0 = time.monotonic()
         who = f"{self._to!r}" if self._to else "an interactive holder"
-        self._emit("phase", {"phase": "yielding", "message": f"paused after step {step}: {who} is busy on this GPU "
-                                                             "and batch work there yields between its steps"})
+        at = f"after step {step}" if where == "between steps" else f"{where} {step + 1}"
+        self._emit("phase", {"phase": "yielding", "message": f"paused {at}: {who} is busy on this GPU and batch "
+                                                             "work there yields until it is idle"})
         while not self._resume.wait(POLL_S):
             if self._should_stop():
                 break

@@ -145,6 +145,7 @@ class JobManager:
                 proc.kill()
                 await proc.wait()
             self._yielding.pop(record.job_id, None)
+            metrics.job_ended(record.job_id)
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
 
@@ -270,7 +271,7 @@ class JobManager:
             if msg["kind"] == "finished":
                 finished = msg["data"]
             if msg["kind"] == "step":
-                metrics.step(record.family, msg["data"])
+                metrics.step(record.family, msg["data"], record.job_id)
                 try:
                     self.store.update(record, steps_completed=msg["data"]["step"])
                 except OSError as e:

@@ -274,9 +274,10 @@ class LoraRecipe:
 
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
               sample_dir: Path | None = None, until_step: int | None = None,
-              pause: Callable[[int], float] | None = None) -> RunState:
-        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step)` runs at
-        each step boundary (it may wait: the GPU is yielded to inference) and returns the seconds it waited."""
+              pause: Callable[[int, str], float] | None = None) -> RunState:
+        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where)`
+        runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
+        yielded to inference) and returns the seconds it waited."""
         device = self.cfg.device
         last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
@@ -286,11 +287,13 @@ class LoraRecipe:
         yielded = 0.0
         while self.state.step < last and not should_stop():
             if pause:
-                yielded += pause(self.state.step)
+                yielded += pause(self.state.step, "between steps")
                 if should_stop():
                     break
             t0 = time.perf_counter()
-            loss, images = self._accumulate_gradients(self.state.step)
+            loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+            yielded += waited
+            t0 += waited  # the step's own time, for its images per second
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -324,16 +327,21 @@ class LoraRecipe:
                 self.render_samples(sample_dir)
         return self.state
 
-    def _accumulate_gradients(self, step: int) -> tuple[torch.Tensor, int]:
-        """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient."""
-        parts, images = [], 0
+    def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None
+                              ) -> tuple[torch.Tensor, int, float]:
+        """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient; and
+        the seconds `pause` waited between a forward and its backward (the backward is most of a step: a pause
+        here lets inference in up to that much sooner than waiting for the step's end)."""
+        parts, images, waited = [], 0, 0.0
         for k in range(self.cfg.accumulation):
             inputs = self.step_inputs(step * self.cfg.accumulation + k)
             loss = self.loss(inputs) / self.cfg.accumulation
+            if pause:
+                waited += pause(step, "between the forward and backward passes of step")
             self.backward(loss)
             parts.append(loss.detach())
             images += len(inputs.batch.geometry)
-        return torch.stack(parts).sum(), images
+        return torch.stack(parts).sum(), images, waited
 
     # ---- sample images -------------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ SAMPLES_RATE = Gauge("diffusion_training_samples_per_second", "Images per second
                      ["family"])
 PEAK_BYTES = Gauge("diffusion_training_peak_device_bytes", "Peak device memory of the last step, by family", ["family"])
 SUSPENDED = Counter("diffusion_training_suspensions_total", "Jobs suspended (preempted, lease lost, drain)")
+YIELDED = Counter("diffusion_training_yielded_seconds_total",
+                  "Seconds training paused between steps for inference busy on its GPU", ["family"])
+_yielded_so_far: dict[str, float] = {}  # job id -> its step events' running total of yielded seconds
 
 STATES = ("PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "SUSPENDED")
 
@@ -43,9 +46,17 @@ def watch_store(store) -> None:
     REGISTRY.register(_collector)
 
 
-def step(family: str, data: dict) -> None:
+def step(family: str, data: dict, job_id: str = "") -> None:
     STEPS.labels(family).inc()
+    total = data.get("yielded_s", 0.0)
+    if total > _yielded_so_far.get(job_id, 0.0):
+        YIELDED.labels(family).inc(total - _yielded_so_far.get(job_id, 0.0))
+    _yielded_so_far[job_id] = total
     if data.get("elapsed_s"):
         STEP_RATE.labels(family).set(data["step"] / data["elapsed_s"])
     SAMPLES_RATE.labels(family).set(data.get("samples_per_s", 0.0))
     PEAK_BYTES.labels(family).set(data.get("peak_memory_bytes", 0))
+
+
+def job_ended(job_id: str) -> None:
+    _yielded_so_far.pop(job_id, None)

@@ -242,3 +242,41 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_and_no_stag
     finally:
         type(staging).mkdir = real_mkdir
     assert not staging.exists() and (checkpoint / "identity.json").read_text() == before
+
+
+def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny_models, examples):
+    """The recipe's two pause points per step, in order; the time yielded is reported and left out of the ETA;
+    a gate asked mid-step holds the backward until released."""
+    import threading
+
+    from training_service.gpu_yield import YieldGate
+
+    calls, events = [], []
+    recorded = lambda step, where: calls.append((step, where)) or 0.0  # noqa: E731
+    run(config(tiny_models, examples, steps=2, accumulation=2), pause=recorded)
+    assert calls == [(0, "between steps"), (0, "between the forward and backward passes of step"),
+                     (0, "between the forward and backward passes of step"),
+                     (1, "between steps"), (1, "between the forward and backward passes of step"),
+                     (1, "between the forward and backward passes of step")]
+
+    recipe = LoraRecipe(config(tiny_models, examples, steps=3), emit=lambda kind, data: events.append((kind, data)))
+    recipe.setup()
+    gate = YieldGate(recipe.emit)
+    asked = threading.Event()
+
+    def ask_mid_step(step, where):
+        if step == 1 and where != "between steps" and not asked.is_set():
+            asked.set()
+            gate.ask("inference-0")
+            threading.Timer(0.4, gate.release).start()
+        return gate(step, where)
+
+    recipe.train(pause=ask_mid_step)
+    phases = [d.get("message", "") for k, d in events if k == "phase"]
+    assert any(m.startswith("paused between the forward and backward passes of step 2: 'inference-0'")
+               for m in phases), phases
+    assert any(m.startswith("resumed after") for m in phases)
+    steps = [d for k, d in events if k == "step"]
+    assert steps[0]["yielded_s"] == 0 and steps[1]["yielded_s"] >= 0.35 and steps[2]["yielded_s"] >= 0.35
+    assert steps[1]["samples_per_s"] > 1 / 0.35  # the step's own rate leaves the pause out
+    assert gate.yielded_s == pytest.approx(steps[2]["yielded_s"], abs=0.05)
