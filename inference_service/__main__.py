@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-linger", type=float, default=0.5, metavar="SECONDS",
                    help="with a broker: how long after the last generation the model's lease stays marked busy, so "
                         "training sharing the GPU resumes only when no request followed (it yields while marked)")
+    p.add_argument("--prompt-cache-mib", type=int, default=1024, metavar="MIB",
+                   help="host memory for the text encoders' results of recent prompts, reused when a prompt repeats "
+                        "with the same settings (the same embeddings); 0: encode every time")
     p.add_argument("--reload-on-demand", action="store_true",
                    help="a Generate for a model that keep-alive unloaded loads it again instead of FAILED_PRECONDITION")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (tests use aot_eager)")
@@ -82,7 +85,8 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
 
         probe_free = lambda index: torch.cuda.mem_get_info(index)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
-                                                   args.lora_max_rank, args.keep_alive, args.busy_linger),
+                                                   args.lora_max_rank, args.keep_alive, args.busy_linger,
+                                                   args.prompt_cache_mib * 2**20),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
                              reload_on_demand=args.reload_on_demand,

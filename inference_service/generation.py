@@ -152,6 +152,7 @@ class GenerationOutput:
     peak_memory_bytes: int = 0
     tiling: Resolved | None = None
     step_cache: Resolved | None = None
+    prompt_encoding: Resolved | None = None  # whether the text encoders ran or a repeat was reused
 
 
 @dataclass
@@ -232,7 +233,9 @@ def pil_images(pixels) -> list:
 
 
 def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_step: Callable[[StepReport], None],
-        on_phase: Callable[[str], None], inference_mode: bool, tier_may_tile: bool = False) -> GenerationOutput:
+        on_phase: Callable[[str], None], inference_mode: bool, tier_may_tile: bool = False,
+        prompts=None) -> GenerationOutput:
+    """One pipeline call. `prompts`: the model's PromptCache (inference_service.prompt_cache), or None."""
     import torch
 
     t_call = time.perf_counter()
@@ -283,6 +286,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     on_phase("encoding_prompt")
+    if prompts is not None:
+        prompts.counts()  # this generation's hits and misses from here
     try:
         with torch.inference_mode() if inference_mode else torch.no_grad(), caching as passes:
             images = pil_images(pipe(**kwargs).images)
@@ -295,7 +300,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     last = marks["last_step"] or first
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     cached = step_cache.record(spec.step_cache, passes.full, passes.passes) if spec.step_cache is not None else None
-    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached)
+    encoded = prompts.record(*prompts.counts()) if prompts is not None else None
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "pil_images", "RunControl", "StepReport", "GenerationOutput", "Status"]

@@ -27,6 +27,7 @@ class EngineSettings:
     lora_max_rank: int = 64  # the compiled model's hotswap slot holds adapters up to this rank
     keep_alive_s: float = -1.0  # --keep-alive: how long an idle model stays loaded when a Load does not say
     busy_linger_s: float = 0.5  # --busy-linger: how long the lease stays marked busy after the queue empties
+    prompt_cache_bytes: int = 1 << 30  # --prompt-cache-mib: host memory for repeated prompts' embeddings; 0 off
 
 
 @dataclass

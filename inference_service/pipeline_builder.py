@@ -18,6 +18,7 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
+from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import vae_decoder_compile
 from service_kit.errors import Cancelled, FailedPrecondition
 
@@ -30,6 +31,7 @@ class BuiltPipeline:
     resolved: list[Resolved]
     compile_warmup_s: float | None = None
     limits: ModelLimits = field(default_factory=lambda: ModelLimits(16, 4096, 4096))
+    prompt_cache: PromptCache | None = None  # repeated prompts skip the text encoders (engine-installed)
 
     @property
     def size_multiple(self) -> int:
