@@ -6,7 +6,10 @@ H200 (docs/bench/training.md). This splits that gap. After one recipe setup, in 
 - `recipe`: the recipe's own loop (`LoraRecipe.train`): fresh noise and batches, clipping, the
   schedule, and the step event with its two host syncs;
 - `bare-synced`: the same model, optimizer and objective on one fixed batch, reading the loss every step;
-- `bare`: the same, with no host sync until the end, as the baseline probe does.
+- `bare`: the same, with no host sync until the end, as the baseline probe does;
+- `built`: the bare loop over a model built in this process from the same config with random weights and the
+  same adapter (as the baseline probe builds its model), not loaded from disk: if it is faster than `bare`, the
+  difference lies in how the model was loaded, not in what it is given.
 
 If `bare` is as slow as `recipe`, the gap lies in the model or its inputs. If it is as fast as the probe,
 it lies in the loop. On a GPU it also records how much of each step's wall time the GPU was busy, from a
@@ -61,6 +64,42 @@ def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, di
     return busy_us / 1e6 / wall, counts
 
 
+def built_model_step(recipe):
+    """A bare step over the recipe's architecture built here from its config, with the recipe's adapter config,
+    inputs and objective: the baseline probe's way of making the model. None for a quantised base."""
+    from peft import LoraConfig
+
+    base = recipe.model
+    if recipe.cfg.precision.value not in ("bf16", "fp16", "fp32"):
+        return None
+    device = recipe.cfg.device
+    with torch.device(device):
+        fresh = type(base).from_config(base.config).to(recipe.dtype)
+    fresh.requires_grad_(False)
+    torch.manual_seed(0)
+    config = base.peft_config["default"]
+    fresh.add_adapter(LoraConfig(r=config.r, lora_alpha=config.lora_alpha, init_lora_weights="gaussian",
+                                 target_modules=sorted(config.target_modules)))
+    fresh.train()
+    params = [p for p in fresh.parameters() if p.requires_grad]
+    for p in params:
+        p.data = p.data.float()
+    optimizer = torch.optim.AdamW(params, lr=recipe.cfg.learning_rate)
+    inputs = recipe.step_inputs(0)
+
+    def step():
+        recipe.model, kept = fresh, recipe.model
+        try:
+            loss = recipe.loss(inputs)
+            recipe.backward(loss)
+        finally:
+            recipe.model = kept
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=list(RESOLUTION), required=True)
@@ -69,6 +108,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--built-model", action="store_true",
+                   help="also time the bare loop over the same architecture built in-process (bf16 only)")
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()
@@ -118,6 +159,18 @@ def main() -> None:
                 float(loss)
         _sync()
         record(mode, f"{name}_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
+
+    built = built_model_step(recipe) if args.built_model else None
+    if built is not None:
+        for _ in range(3):
+            built()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            built()
+        _sync()
+        record(mode, "built_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms",
+               note="the bare loop over a model built in this process from the same config (random weights)")
 
     for name, fn in (("recipe", lambda: recipe.train(until_step=recipe.state.step + 1)), ("bare", bare_step)):
         table = args.tables / f"{args.family}-{mode}-{name}.txt" if args.tables else None
