@@ -114,11 +114,8 @@ def main() -> int:
                 print(f"  {lease.lease_id} {lease.holder.client_id} device {lease.device_index} "
                       f"{format_bytes(lease.memory_bytes) if lease.memory_bytes else 'whole device'} "
                       f"({lease.holder.purpose})")
-            infer.unload("demo-zimage")
-            deadline = time.monotonic() + 10  # the trainer's lease goes back when its child process has exited
-            while gpu.status().leases and time.monotonic() < deadline:
-                time.sleep(0.1)
-            print(f"  after Unload and the trainer's exit: {len(gpu.status().leases)} leases")
+            infer.unload("demo-zimage")  # the trainer's lease went back before its job was recorded finished
+            print(f"  after Unload: {len(gpu.status().leases)} leases")
             gpu.close()
     finally:
         training.stop()

@@ -107,7 +107,8 @@ class JobManager:
             self._runners.pop(record.job_id, None)
 
     async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int) -> None:
-        """Lease (when a broker is configured), then the child; the lease is released when the child ends."""
+        """Lease (when a broker is configured), then the child; the lease is released when the child ends, and
+        only then is the job's end recorded: a watcher that sees it finished finds the GPU given back."""
         lease_ctx, env = None, None
         if self.broker is not None:
             from gpu_broker.client import LeaseError, LeaseRequest
@@ -126,6 +127,7 @@ class JobManager:
                                                         "message": f"the GPU broker did not grant a lease: {e}"})
                 return
             env = await self._on_granted_device(record, held.device_index)
+        final = None
         try:
             started = await self.launcher.start(self.store.dir(record.job_id), os.getpid(), env)
             proc = started.process
@@ -138,7 +140,7 @@ class JobManager:
                 self.store.update(record, state="RUNNING")
             except OSError as e:
                 self._disk_failed.setdefault(record.job_id, e)
-            await self._follow(record, proc)
+            final = await self._follow(record, proc)
         finally:
             proc = self._procs.pop(record.job_id, None)
             if proc is not None and proc.returncode is None:  # never give the lease back under a live child
@@ -148,6 +150,8 @@ class JobManager:
             metrics.job_ended(record.job_id)
             if lease_ctx is not None:
                 await lease_ctx.__aexit__(None, None, None)
+        if final is not None:
+            await self._append(record, "finished", final)
 
     async def _on_granted_device(self, record: JobRecord, index: int) -> dict | None:
         """What the child's environment adds: it sees only the device the lease is on (CUDA_VISIBLE_DEVICES set to
@@ -258,9 +262,10 @@ class JobManager:
                     "event": "training.event_not_written", "job_id": record.job_id, "kind": kind, "error": str(e)}})
             self._changed.notify_all()
 
-    async def _follow(self, record: JobRecord, proc) -> None:
-        """Records the child's events until it exits. A job whose events cannot be written (a full disk) is
-        stopped at once: nothing may train that the job's record does not show."""
+    async def _follow(self, record: JobRecord, proc) -> dict:
+        """Records the child's events until it exits, and returns its end (the `finished` event's data) for the
+        caller to record once the lease is back. A job whose events cannot be written (a full disk) is stopped at
+        once: nothing may train that the job's record does not show."""
         finished = None
         stderr_task = asyncio.get_running_loop().create_task(proc.stderr.read())
         async for line in proc.stdout:
@@ -270,6 +275,7 @@ class JobManager:
                 continue
             if msg["kind"] == "finished":
                 finished = msg["data"]
+                continue  # recorded by the caller, after the lease is given back
             if msg["kind"] == "step":
                 metrics.step(record.family, msg["data"], record.job_id)
                 try:
@@ -287,20 +293,17 @@ class JobManager:
             (self.store.dir(record.job_id) / "trainer.stderr").write_text(stderr)  # kept for the operator
         except OSError:
             pass
-        self._procs.pop(record.job_id, None)
         disk_error = self._disk_failed.pop(record.job_id, None)
         if disk_error is not None:
             why = (f"the job's files could not be written ({disk_error.strerror or disk_error}); it was stopped so "
                    "that nothing trains unrecorded. Free space on the service's --output-dir" +
                    self.store.resume_hint(record))
-            await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
-                                                    "message": why})
-            self._disk_failed.pop(record.job_id, None)
-        elif finished is None:
+            return {"state": "FAILED", "steps_completed": record.steps_completed, "message": why}
+        if finished is None:
             why = _trainer_end(code, stderr)
             why += self.store.resume_hint(record)
-            await self._append(record, "finished", {"state": "FAILED", "steps_completed": record.steps_completed,
-                                                    "message": why})
+            return {"state": "FAILED", "steps_completed": record.steps_completed, "message": why}
+        return finished
 
     def _check_adapter_id_free(self, adapter_id: str) -> None:
         """Before anything starts: a run must not train for hours and then find its id taken."""

@@ -171,3 +171,13 @@ def test_a_job_whose_lease_is_lost_checkpoints_and_stops(start_broker, tiny_mode
     finally:
         channel.close()
         proc.stop()
+
+
+def test_a_finished_job_has_given_its_lease_back(stack, tiny_models, dirs):
+    """A caller that sees SUCCEEDED and starts the next thing finds the GPU free: the end is recorded only after
+    the trainer has exited and the lease is released."""
+    broker, service = stack
+    job_id = service.StartTraining(request(tiny_models, dirs, steps=2)).job_id
+    events = list(service.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+    assert [x.holder.client_id for x in broker.status().leases] == []
