@@ -73,6 +73,16 @@ def setting(resolved, control):
     return next((r for r in resolved if r.control == control), None)
 
 
+def timed(stub, request, gens: int) -> list:
+    """`gens` Generates of one request: (client wall seconds, Generation) each."""
+    runs = []
+    for _ in range(gens):
+        t = time.perf_counter()
+        out = collect(stub.Generate(request, timeout=900))
+        runs.append((time.perf_counter() - t, out))
+    return runs
+
+
 def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=(),
              step_caches=()):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
@@ -98,11 +108,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
                                  seeds=[1234], **fields)
     try:
         list(stub.Generate(request, timeout=900))  # untimed: first-call effects
-        results = []
-        for _ in range(gens):
-            t = time.perf_counter()
-            out = collect(stub.Generate(request, timeout=900))
-            results.append((time.perf_counter() - t, out))
+        results = timed(stub, request, gens)
     except grpc.RpcError as e:
         record(mode, "ran", 0, "bool", detail=f"generate {e.code().name}: {e.details()}")
         return {}
@@ -121,14 +127,10 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         other = pb.GenerateRequest()
         other.CopyFrom(request)
         other.output_format = getattr(pb, f"IMAGE_FORMAT_{name.upper()}")
-        walls, encodes = [], []
-        for _ in range(gens):
-            t = time.perf_counter()
-            out = collect(stub.Generate(other, timeout=900))
-            walls.append(time.perf_counter() - t)
-            encodes.append(ms(out.timings.encode_images))
-        record(mode, "e2e_generate_ms", statistics.median(walls) * 1000, "ms", steps=steps, format=name)
-        record(mode, "image_encode_ms", statistics.median(encodes), "ms", format=name)
+        runs = timed(stub, other, gens)
+        record(mode, "e2e_generate_ms", statistics.median(r[0] for r in runs) * 1000, "ms", steps=steps, format=name)
+        record(mode, "image_encode_ms", statistics.median(ms(r[1].timings.encode_images) for r in runs), "ms",
+               format=name)
     images = {steps: image_array(results[-1][1].images[0].data)}
     if steps in references:
         value = psnr(images[steps], references[steps])
@@ -140,11 +142,7 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         cached.CopyFrom(request)
         cached.step_cache.CopyFrom(pb.StepCache(mode=pb.STEP_CACHE_MODE_FIRST_BLOCK, threshold=threshold))
         try:
-            runs = []
-            for _ in range(gens):
-                t = time.perf_counter()
-                out = collect(stub.Generate(cached, timeout=900))
-                runs.append((time.perf_counter() - t, out))
+            runs = timed(stub, cached, gens)
         except grpc.RpcError as e:
             record(mode, "step_cache_ran", 0, "bool", threshold=threshold, detail=f"{e.code().name}: {e.details()}")
             continue
