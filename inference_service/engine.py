@@ -24,8 +24,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
-from inference_service import generation, lora_runtime, metrics, pipeline_builder, step_cache
-from inference_service.prompt_cache import PromptCache
+from inference_service import generation, lora_runtime, metrics, pipeline_builder, prompt_cache, step_cache
 from inference_service.busy_signal import BusySignal
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
@@ -328,7 +327,8 @@ class InferenceEngine:
                     if lease is not None:
                         await lease.close()
                     raise
-                self._install_prompt_cache(built)
+                built.prompt_cache, record = prompt_cache.for_model(built.pipe, self.settings.prompt_cache_bytes)
+                built.resolved.append(record)
                 device_index = lease.device_index if lease is not None else (0 if plan.device != "cpu" else -1)
                 self._model = LoadedModel(plan.model_id, built, time.time(), device_index, req, caller.identity, lease)
                 self._unloaded_by_preempt = self._unloaded_idle = None
@@ -363,16 +363,6 @@ class InferenceEngine:
             return await ctx.__aenter__()
         except LeaseError as e:
             raise Unavailable(f"the GPU broker did not grant a lease: {e}", reason="NO_LEASE") from e
-
-    def _install_prompt_cache(self, built) -> None:
-        size = self.settings.prompt_cache_bytes
-        if size > 0:
-            built.prompt_cache = PromptCache(max_bytes=size)
-            built.prompt_cache.install(built.pipe)
-        built.resolved.append(Resolved(
-            "prompt_cache", "", f"repeats reused, up to {size // 2**20} MiB of host memory" if size else "off",
-            Source.DEFAULT, reason="a repeated prompt's text-encoder results are kept while the model is loaded "
-                                   "(the service's --prompt-cache-mib)"))
 
     async def unload(self, model_id: str, caller: Caller | None = None) -> int:
         if self._model is None or self._model.model_id != model_id:

@@ -128,3 +128,15 @@ class PromptCache:
         return Resolved(CONTROL, "", applied, Source.AUTO,
                         reason="the text encoders' results for the same prompt and settings are kept on the host "
                                "while the model is loaded; a repeat reuses them (the same embeddings)")
+
+
+def for_model(pipe, max_bytes: int) -> tuple[PromptCache | None, Resolved]:
+    """A loaded model's cache (None when the service turned it off) and the model record's line about it."""
+    cache = None
+    if max_bytes > 0:
+        cache = PromptCache(max_bytes=max_bytes)
+        cache.install(pipe)
+    return cache, Resolved("prompt_cache", "", f"repeats reused, up to {max_bytes // 2**20} MiB of host memory"
+                           if cache else "off", Source.DEFAULT,
+                           reason="a repeated prompt's text-encoder results are kept while the model is loaded "
+                                  "(the service's --prompt-cache-mib)")
