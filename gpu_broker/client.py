@@ -123,7 +123,11 @@ class HeldLease:
                         self.valid.set()
                         self._reader = asyncio.get_running_loop().create_task(self._follow())
                         if self._busy:  # a re-claimed lease: the restarted broker did not keep it
-                            await self._say_busy(True)
+                            try:
+                                await self._say_busy(True)
+                            except grpc.aio.AioRpcError as e:  # the lease holds; the next set_busy says it again
+                                log.warning("busy not said again after re-claim",
+                                            extra={"fields": {"lease_id": self.lease_id, "code": e.code().name}})
                         return
                 raise LeaseError(grpc.StatusCode.UNKNOWN, "Acquire stream ended before a grant")
             except grpc.aio.AioRpcError as e:

@@ -154,3 +154,32 @@ def test_batch_lease_hears_yield_and_resume_when_an_interactive_one_says_it_is_b
                 assert gone.value.code() == grpc.StatusCode.NOT_FOUND and released in gone.value.details()
 
     run(scenario())
+
+
+def test_a_busy_lease_is_said_busy_again_after_the_broker_restarts():
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+
+    async def scenario():
+        procs = [await asyncio.to_thread(start_service, "gpu_broker", "--fake-devices", "1x24GiB", listen=address)]
+        try:
+            async with BrokerClient(address) as broker:
+                async with broker.lease(LeaseRequest("inference", memory_bytes=8 * GiB), connect_timeout_s=20) as held:
+                    await held.set_busy(True)
+                    first = held.lease_id
+                    await asyncio.to_thread(procs[0].stop)
+                    procs.append(await asyncio.to_thread(start_service, "gpu_broker", "--fake-devices", "1x24GiB",
+                                                         listen=address))
+                    deadline = time.monotonic() + 15
+                    while True:
+                        assert time.monotonic() < deadline, "the lease was not said busy again"
+                        if held.valid.is_set() and held.lease_id != first:
+                            leases = (await broker.status()).leases
+                            if [x.busy for x in leases] == [True]:
+                                break
+                        await asyncio.sleep(0.05)
+        finally:
+            for p in procs:
+                p.stop()
+
+    run(scenario())
