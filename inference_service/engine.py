@@ -632,6 +632,7 @@ class InferenceEngine:
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)
+        metrics.prompt_encodings(model.model_id, *out.prompt_counts)
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

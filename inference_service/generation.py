@@ -153,6 +153,7 @@ class GenerationOutput:
     tiling: Resolved | None = None
     step_cache: Resolved | None = None
     prompt_encoding: Resolved | None = None  # whether the text encoders ran or a repeat was reused
+    prompt_counts: tuple[int, int] = (0, 0)  # encode_prompt calls: (reused, encoded)
 
 
 @dataclass
@@ -300,8 +301,9 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     last = marks["last_step"] or first
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     cached = step_cache.record(spec.step_cache, passes.full, passes.passes) if spec.step_cache is not None else None
-    encoded = prompts.record(*prompts.counts()) if prompts is not None else None
-    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded)
+    counts = prompts.counts() if prompts is not None else (0, 0)
+    encoded = prompts.record(*counts) if prompts is not None else None
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "pil_images", "RunControl", "StepReport", "GenerationOutput", "Status"]

@@ -19,11 +19,21 @@ LOADED = Gauge("diffusion_inference_model_loaded", "1 while the model is loaded"
 LEASED_BYTES = Gauge("diffusion_inference_leased_bytes", "Bytes the loaded model's broker lease holds", ["device"])
 DEVICE_USED = Gauge("diffusion_inference_device_used_bytes",
                     "Device memory this process holds (torch's reserved memory; 0 on the CPU)", ["device"])
+PROMPT_ENCODINGS = Counter("diffusion_prompt_encodings_total",
+                           "Text-encoder calls of generations, by whether a repeated prompt's result was reused",
+                           ["model", "outcome"])
 UNLOADS = Counter("diffusion_inference_unloads_total", "Models unloaded, by why", ["reason"])
 
 
 def watch_queue(length) -> None:
     QUEUE_DEPTH.set_function(length)
+
+
+def prompt_encodings(model_id: str, reused: int, encoded: int) -> None:
+    if reused:
+        PROMPT_ENCODINGS.labels(model_id, "reused").inc(reused)
+    if encoded:
+        PROMPT_ENCODINGS.labels(model_id, "encoded").inc(encoded)
 
 
 def generation_done(model_id: str, result, steps: int) -> None:

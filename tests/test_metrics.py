@@ -61,6 +61,9 @@ def test_metrics_follow_loads_generations_errors_and_leases(stack, tiny_models):
                      code="FAILED_PRECONDITION") == 1
         assert value(mine, "diffusion_rpc_calls_total", service=service, method="Load", code="OK") == 1
         assert value(mine, "diffusion_images_generated_total", model="z") == 4
+        # the second generation repeated the first one's prompt: its encoding was reused
+        assert value(mine, "diffusion_prompt_encodings_total", model="z", outcome="encoded") >= 1
+        assert value(mine, "diffusion_prompt_encodings_total", model="z", outcome="reused") >= 1
         assert value(mine, "diffusion_denoise_steps_total", model="z") == 6
         assert value(mine, "diffusion_generation_phase_seconds_count", phase="denoise") == 2
         assert value(mine, "diffusion_denoise_steps_per_second", model="z") > 0
