@@ -6,7 +6,7 @@ Reads JOB_DIR/run.json, runs the recipe, prints one JSON event per line on stdou
 `stop suspend draining` (the service is stopping) or `stop suspend lease-lost` (the broker went away
 with the lease) on stdin, honoured at the next step boundary; and `yield on CLIENT_ID` / `yield off`
 (the broker asked this batch work to pause for busy inference on its GPU, or let it resume), honoured
-between steps (training_service.gpu_yield). A crash here never
+at the next pause point: between steps, or before a backward pass (training_service.gpu_yield). A crash here never
 takes the service down: the service sees the process end without a `finished` event.
 """
 from __future__ import annotations
