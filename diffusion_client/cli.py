@@ -103,7 +103,8 @@ def cmd_generate(args) -> int:
 
     fields = {k: v for k, v in dict(width=args.width, height=args.height, steps=args.steps,
                                      num_images=args.num_images, guidance_scale=args.guidance,
-                                     negative_prompt=args.negative_prompt).items() if v is not None}
+                                     negative_prompt=args.negative_prompt,
+                                     step_cache=args.step_cache).items() if v is not None}
     adapters = [(a.rsplit(":", 1)[0], float(a.rsplit(":", 1)[1]) if ":" in a else 1.0) for a in args.adapter]
     bar = None
 
@@ -361,6 +362,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--negative-prompt")
     s.add_argument("--format", help="png, webp, jpeg or raw_rgb8")
     s.add_argument("--adapter", action="append", default=[], metavar="ID[:WEIGHT]")
+    s.add_argument("--step-cache", type=float, metavar="THRESHOLD",
+                   help="First-Block Cache at this threshold (0 to 1; FLUX.1 and Qwen-Image loaded with speed off): "
+                        "skips denoiser work on steps that barely change; it changes the image")
     s.add_argument("--timeout", type=float, help="seconds; the service refuses work it cannot finish in time")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(run=cmd_generate)

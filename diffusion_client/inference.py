@@ -109,8 +109,12 @@ class Inference(ServiceClient):
 
     # ---- generate ------------------------------------------------------------------------
 
-    def generate_request(self, model_id: str, prompt: str, *, output_format=None, adapters=(), **fields):
-        """A GenerateRequest; output_format takes 'png', 'webp', 'jpeg' or 'raw_rgb8'; adapters (id, weight)."""
+    def generate_request(self, model_id: str, prompt: str, *, output_format=None, adapters=(), step_cache=None,
+                         **fields):
+        """A GenerateRequest; output_format takes 'png', 'webp', 'jpeg' or 'raw_rgb8'; adapters (id, weight);
+        step_cache a First-Block Cache threshold (opt-in; it changes the image)."""
+        if step_cache is not None:
+            fields["step_cache"] = pb.StepCache(mode=pb.STEP_CACHE_MODE_FIRST_BLOCK, threshold=step_cache)
         return pb.GenerateRequest(model_id=model_id, prompt=prompt,
                                   output_format=opt.enum_value(pb.ImageFormat, "IMAGE_FORMAT", output_format),
                                   adapters=[pb.AdapterRef(adapter_id=a, weight=w) for a, w in adapters], **fields)

@@ -129,3 +129,13 @@ def test_the_client_retries_unavailable_with_backoff(services):
         channel.close()
     finally:
         proxy.close()
+
+
+def test_step_cache_reaches_the_service_and_its_refusal_comes_back(services, tiny_models):
+    assert cli(services, "load", "zc", str(tiny_models["zimage"]), "--speed", "off").returncode == 0
+    try:
+        refused = cli(services, "generate", "zc", "a cube", "--width", "64", "--height", "64", "--step-cache", "0.1")
+        assert refused.returncode == 4 and "FAILED_PRECONDITION" in refused.stderr  # Z-Image has no block cache
+        assert "FLUX.1 and Qwen-Image" in refused.stderr
+    finally:
+        cli(services, "unload", "zc")
