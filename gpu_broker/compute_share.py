@@ -1,6 +1,6 @@
 """Who yields a device's compute to whom. Pure: the leases in, a map out.
 
-A batch lease (training) yields between its steps while an interactive lease (inference) on the same device is
+A batch lease (training) pauses its compute while an interactive lease (inference) on the same device is
 busy, unless the batch holder's priority is above the busy holder's: an operator who ranks a training job over
 the inference service keeps it at full rate. Memory never moves here; only compute is shared. Priorities are the
 holders' own, not the queue-aged ones preemption compares: aging is how a waiter reaches the front of the queue,

@@ -1,5 +1,5 @@
 """Inference first on a shared GPU: the broker hears (SetBusy on the model's lease) while generations run or wait,
-so batch work sharing the device, a training job, yields between its steps (gpu_broker.compute_share).
+so batch work sharing the device, a training job, pauses between its steps (gpu_broker.compute_share).
 
 The service says idle again only `linger_s` after its queue empties: a caller sending requests back to back
 would otherwise let a training step in before each. Nothing here ever delays or fails a generation: the calls go
@@ -50,7 +50,8 @@ class BusySignal:
                                    f"{lease.device_index} was not asked to yield and may run beside this generation")
         return Resolved(CONTROL, "", "inference-first", Source.AUTO,
                         reason=f"this model's lease is marked busy while generations run or wait: training (batch "
-                               f"leases of no higher priority) on device {lease.device_index} yields between its steps")
+                               f"leases of no higher priority) on device {lease.device_index} pauses at its next "
+                               "step or backward pass until this model is idle")
 
     async def close(self) -> None:
         self._cancel_linger()
