@@ -16,7 +16,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import step_cache
+from inference_service import oom_backoff, step_cache
 from inference_service.model_limits import ModelLimits
 from inference_service.requests import AdapterUse, GenerateRequest
 from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
@@ -154,6 +154,7 @@ class GenerationOutput:
     step_cache: Resolved | None = None
     prompt_encoding: Resolved | None = None  # whether the text encoders ran or a repeat was reused
     prompt_counts: tuple[int, int] = (0, 0)  # encode_prompt calls: (reused, encoded)
+    batch_split: Resolved | None = None  # the images ran as smaller batches after running out of GPU memory
 
 
 @dataclass
@@ -236,7 +237,8 @@ def pil_images(pixels) -> list:
 def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_step: Callable[[StepReport], None],
         on_phase: Callable[[str], None], inference_mode: bool, tier_may_tile: bool = False,
         prompts=None) -> GenerationOutput:
-    """One pipeline call. `prompts`: the model's PromptCache (inference_service.prompt_cache), or None."""
+    """One generation: one pipeline call for all its images, or smaller batches after running out of GPU memory
+    (inference_service.oom_backoff). `prompts`: the model's PromptCache (inference_service.prompt_cache), or None."""
     import torch
 
     t_call = time.perf_counter()
@@ -267,12 +269,25 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
             on_phase("decoding")
         return tensors
 
-    kwargs = {"prompt": spec.prompt, "height": spec.height, "width": spec.width,
-              "num_inference_steps": spec.steps, "num_images_per_prompt": len(spec.seeds),
-              "generator": [torch.Generator("cpu").manual_seed(s) for s in spec.seeds],
+    kwargs = {"prompt": spec.prompt, "height": spec.height, "width": spec.width, "num_inference_steps": spec.steps,
               "callback_on_step_end": callback, family.guidance_kwarg: spec.guidance, "output_type": "pt"}
     if spec.negative_prompt:
         kwargs["negative_prompt"] = spec.negative_prompt
+    passes = [0, 0]  # step caching: denoiser passes that ran every block, and all passes
+
+    def call(seeds) -> list:
+        """One pipeline call for these seeds, each image its own generator; the step cache (if asked) for it."""
+        caching = (step_cache.first_block(getattr(pipe, family.denoiser), spec.step_cache)
+                   if spec.step_cache is not None else contextlib.nullcontext())
+        with torch.inference_mode() if inference_mode else torch.no_grad(), caching as counted:
+            pixels = pipe(**kwargs, num_images_per_prompt=len(seeds),
+                          generator=[torch.Generator("cpu").manual_seed(s) for s in seeds]).images
+            images = pil_images(pixels)
+        if counted is not None:
+            passes[0] += counted.full
+            passes[1] += counted.passes
+        return images
+
     tiling = choose_tiling(tier_may_tile, spec.width, spec.height)
     if tiling.applied == "on":
         pipe.vae.enable_tiling()
@@ -281,8 +296,6 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     check("first")
     timer = _EncodeTimer(pipe)
     points = _CancelPoints(pipe, family.denoiser, check)
-    caching = (step_cache.first_block(getattr(pipe, family.denoiser), spec.step_cache)
-               if spec.step_cache is not None else contextlib.nullcontext())
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -290,8 +303,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     if prompts is not None:
         prompts.counts()  # this generation's hits and misses from here
     try:
-        with torch.inference_mode() if inference_mode else torch.no_grad(), caching as passes:
-            images = pil_images(pipe(**kwargs).images)
+        images, split = oom_backoff.run_in_batches(call, spec.seeds, spec.width, spec.height)
     finally:
         timer.close()
         points.close()
@@ -300,10 +312,11 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     first = marks["first_step"] or t_call
     last = marks["last_step"] or first
     peak = torch.cuda.max_memory_allocated() if cuda else 0
-    cached = step_cache.record(spec.step_cache, passes.full, passes.passes) if spec.step_cache is not None else None
+    cached = step_cache.record(spec.step_cache, *passes) if spec.step_cache is not None else None
     counts = prompts.counts() if prompts is not None else (0, 0)
     encoded = prompts.record(*counts) if prompts is not None else None
-    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts)
+    return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts,
+                            split)
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "pil_images", "RunControl", "StepReport", "GenerationOutput", "Status"]
