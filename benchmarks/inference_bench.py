@@ -73,18 +73,23 @@ def setting(resolved, control):
     return next((r for r in resolved if r.control == control), None)
 
 
-def timed(stub, request, gens: int) -> list:
-    """`gens` Generates of one request: (client wall seconds, Generation) each."""
+def timed(stub, request, gens: int, fresh_prompts: bool = False) -> list:
+    """`gens` Generates of one request: (client wall seconds, Generation) each. `fresh_prompts`: each with a
+    prompt not seen before, so that the text encoders run (the service reuses a repeated prompt's encoding)."""
     runs = []
-    for _ in range(gens):
+    for i in range(gens):
+        if fresh_prompts:
+            fresh = pb.GenerateRequest()
+            fresh.CopyFrom(request)
+            fresh.prompt = f"{request.prompt}, variation {i} at {time.time_ns()}"
         t = time.perf_counter()
-        out = collect(stub.Generate(request, timeout=900))
+        out = collect(stub.Generate(fresh if fresh_prompts else request, timeout=900))
         runs.append((time.perf_counter() - t, out))
     return runs
 
 
 def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=(),
-             step_caches=()):
+             step_caches=(), fresh_prompts=False):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
     for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
     req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=c.ModelSource(local_dir=str(model_dir)),
@@ -131,6 +136,16 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         record(mode, "e2e_generate_ms", statistics.median(r[0] for r in runs) * 1000, "ms", steps=steps, format=name)
         record(mode, "image_encode_ms", statistics.median(ms(r[1].timings.encode_images) for r in runs), "ms",
                format=name)
+    if fresh_prompts:  # the same, each generation with a new prompt: the text encoders run every time
+        runs = timed(stub, request, gens, fresh_prompts=True)
+        record(mode, "e2e_generate_ms", statistics.median(r[0] for r in runs) * 1000, "ms", steps=steps,
+               prompts="fresh")
+        record(mode, "denoise_ms_per_step", statistics.median(ms(r[1].timings.denoise) / steps for r in runs), "ms",
+               prompts="fresh", model_moves=[setting(r[1].result.resolved, "model_moves").applied
+                                             for r in runs if setting(r[1].result.resolved, "model_moves")])
+        record(mode, "encode_prompt_ms", statistics.median(ms(r[1].timings.encode_prompt) for r in runs), "ms",
+               prompts="fresh")
+        record(mode, "vae_decode_ms", statistics.median(ms(r[1].timings.decode) for r in runs), "ms", prompts="fresh")
     images = {steps: image_array(results[-1][1].images[0].data)}
     if steps in references:
         value = psnr(images[steps], references[steps])
@@ -205,6 +220,8 @@ def main() -> None:
     p.add_argument("--warm-restart", action="store_true", help="restart the service and time a warm compile")
     p.add_argument("--step-cache", default="", help="also time each mode's Generate with First-Block Cache at these "
                                                     "thresholds (comma-separated), against its uncached image")
+    p.add_argument("--fresh-prompts", action="store_true",
+                   help="also time each mode with a new prompt per generation (the text encoders run each time)")
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
     args = p.parse_args()
@@ -246,7 +263,8 @@ def main() -> None:
             images = run_mode(stub, record, mode, args.family, model_dir, gen_fields, args.gens, references,
                               extra_steps=step_counts if mode == "bf16-off" else (),
                               formats=[f for f in args.formats.split(",") if f],
-                              step_caches=[float(x) for x in args.step_cache.split(",") if x])
+                              step_caches=[float(x) for x in args.step_cache.split(",") if x],
+                              fresh_prompts=args.fresh_prompts)
             if mode == "bf16-off":
                 import numpy as np
 

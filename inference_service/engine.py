@@ -24,7 +24,8 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
-from inference_service import generation, lora_runtime, metrics, pipeline_builder, prompt_cache, step_cache
+from inference_service import (generation, lora_runtime, metrics, pinned_offload, pipeline_builder, prompt_cache,
+                               step_cache)
 from inference_service.busy_signal import BusySignal
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
@@ -597,6 +598,8 @@ class InferenceEngine:
                     if phase != "denoising":
                         loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent(phase))
 
+                if model.built.offload is not None:
+                    model.built.offload.take()  # moves of a generation that failed are not this one's
                 adapter_records = await loop.run_in_executor(self._worker, partial(
                     lora_runtime.apply_adapters, model.built.pipe, self.adapters, spec.adapters, model.lora,
                     self.client_id, model.plan.speed.compile))
@@ -613,6 +616,7 @@ class InferenceEngine:
             finally:
                 job.running = False
         self._measure(model, spec, out.denoise_s)
+        moves = model.built.offload.take() if model.built.offload is not None else None
         # Encoding runs off the GPU worker, so the next generation can start meanwhile.
         job.events.put_nowait(GenerationEvent("encoding_images"))
         t_enc = time.perf_counter()
@@ -629,10 +633,13 @@ class InferenceEngine:
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
                                    *filter(None, [out.prompt_encoding, out.step_cache, out.batch_split,
+                                                  moves and pinned_offload.moves_record(moves),
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)
         metrics.prompt_encodings(model.model_id, *out.prompt_counts)
+        if moves is not None:
+            metrics.model_moves(model.model_id, moves)
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

@@ -22,6 +22,11 @@ DEVICE_USED = Gauge("diffusion_inference_device_used_bytes",
 PROMPT_ENCODINGS = Counter("diffusion_prompt_encodings_total",
                            "Text-encoder calls of generations, by whether a repeated prompt's result was reused",
                            ["model", "outcome"])
+MODEL_MOVES = Counter("diffusion_model_moves_total",
+                      "Models moved onto the device for a generation (the low_vram tier)", ["model"])
+MODEL_MOVE_BYTES = Counter("diffusion_model_move_bytes_total", "Bytes of the models moved onto the device", ["model"])
+MODEL_MOVE_SECONDS = Counter("diffusion_model_move_seconds_total",
+                             "Seconds spent moving models onto the device", ["model"])
 UNLOADS = Counter("diffusion_inference_unloads_total", "Models unloaded, by why", ["reason"])
 
 
@@ -34,6 +39,14 @@ def prompt_encodings(model_id: str, reused: int, encoded: int) -> None:
         PROMPT_ENCODINGS.labels(model_id, "reused").inc(reused)
     if encoded:
         PROMPT_ENCODINGS.labels(model_id, "encoded").inc(encoded)
+
+
+def model_moves(model_id: str, moves) -> None:
+    """`moves`: inference_service.pinned_offload.Moves of one generation."""
+    if moves.names:
+        MODEL_MOVES.labels(model_id).inc(len(moves.names))
+        MODEL_MOVE_BYTES.labels(model_id).inc(moves.bytes)
+        MODEL_MOVE_SECONDS.labels(model_id).inc(moves.seconds)
 
 
 def generation_done(model_id: str, result, steps: int) -> None:

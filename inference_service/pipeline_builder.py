@@ -18,6 +18,7 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service import backend_flags
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
+from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import vae_decoder_compile
 from service_kit.errors import Cancelled, FailedPrecondition
@@ -32,6 +33,7 @@ class BuiltPipeline:
     compile_warmup_s: float | None = None
     limits: ModelLimits = field(default_factory=lambda: ModelLimits(16, 4096, 4096))
     prompt_cache: PromptCache | None = None  # repeated prompts skip the text encoders (engine-installed)
+    offload: PinnedOffload | None = None  # the low_vram tier's model moves
 
     @property
     def size_multiple(self) -> int:
@@ -82,11 +84,12 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         resolved += _quantize(pipe, plan)
         _check(abort, "quantizing")
 
-    _place(pipe, plan)
+    offload, placed = _place(pipe, plan)
+    resolved += placed
     if plan.memory.vae_slicing:
         pipe.vae.enable_slicing()
 
-    built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=_limits(pipe, family))
+    built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=_limits(pipe, family), offload=offload)
     speed = plan.speed
     backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32)
     if speed.fuse_qkv:
@@ -188,18 +191,43 @@ def _quantize(pipe, plan: LoadPlan) -> list[Resolved]:
     return out
 
 
-def _place(pipe, plan: LoadPlan) -> None:
+def _place(pipe, plan: LoadPlan) -> tuple[PinnedOffload | None, list[Resolved]]:
+    """Puts the pipeline's weights where the memory plan says; the low_vram tier's offload (or None) and
+    what placing resolved."""
     mode, device = plan.memory.mode, plan.device
+    if mode == "low_vram":
+        return _offload_models(pipe, device)
     if mode == "resident":
         pipe.to(device)
     elif mode == "balanced":
         stream = device.startswith("cuda")
         pipe.enable_group_offload(onload_device=device, offload_device="cpu", offload_type="block_level",
                                   num_blocks_per_group=1, use_stream=stream, **({"record_stream": True} if stream else {}))
-    elif mode == "low_vram":
-        pipe.enable_model_cpu_offload(device=device)
     elif mode == "sequential":
         pipe.enable_sequential_cpu_offload(device=device)
+    return None, []
+
+
+def _offload_models(pipe, device: str) -> tuple[PinnedOffload | None, list[Resolved]]:
+    """low_vram: whole models moved on when called, from page-locked host copies (inference_service.
+    pinned_offload); accelerate's model offload, said in the record, when a model's tensors cannot be swapped."""
+    import torch
+
+    excluded = set(getattr(pipe, "_exclude_from_cpu_offload", ()))
+    models = {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module) and name not in excluded}
+    for name, model in models.items():
+        why = unswappable(model)
+        if why is not None:
+            pipe.enable_model_cpu_offload(device=device)
+            return None, [Resolved("model_offload", "pinned", "accelerate", Source.AUTO, Status.FELL_BACK,
+                                   f"{name}: {why}, whose storage cannot be swapped between host and device copies; "
+                                   f"accelerate's model offload copies every model both ways on every generation")]
+    for name in excluded:
+        if isinstance(pipe.components.get(name), torch.nn.Module):
+            pipe.components[name].to(device)
+    offload = PinnedOffload(models, device, pin=device.startswith("cuda"))
+    offload.attach()
+    return offload, [offload.record()]
 
 
 def compile_decoder(vae, backend: str) -> None:
@@ -233,6 +261,8 @@ def unload(built: BuiltPipeline) -> int:
     before = torch.cuda.memory_allocated(built.plan.device) if cuda else 0
     pipe = built.pipe
     built.pipe = None
+    if built.offload is not None:
+        built.offload.close()
     if hasattr(pipe, "remove_all_hooks"):
         pipe.remove_all_hooks()
     del pipe

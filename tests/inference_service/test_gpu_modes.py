@@ -49,7 +49,7 @@ MODES = {
     "int8-off": (dict(transformer_precision=c.PRECISION_INT8, speed_mode=c.SPEED_MODE_OFF),
                  {"transformer_precision": "PRECISION_INT8"}),
     "low_vram-off": (dict(memory_mode=c.MEMORY_MODE_LOW_VRAM, speed_mode=c.SPEED_MODE_OFF),
-                     {"memory_mode": "MEMORY_MODE_LOW_VRAM"}),
+                     {"memory_mode": "MEMORY_MODE_LOW_VRAM", "model_offload": "pinned"}),
     "sequential-off": (dict(memory_mode=c.MEMORY_MODE_SEQUENTIAL, speed_mode=c.SPEED_MODE_OFF),
                        {"memory_mode": "MEMORY_MODE_SEQUENTIAL"}),
 }
@@ -71,8 +71,13 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
         # uncompiled int8 never takes the dynamic matmul; compiled int8 keeps the per-sample layers weight-only
         assert ("weight-only int8: dynamic-activation" in layers.reason) == (mode == "int8-off"), layers.reason
         assert ("one row per sample" in layers.reason) == (mode == "int8-default"), layers.reason
-    out = pixels(result_of(cuda_service.generate("m", seeds=[5])))
+    generated = result_of(cuda_service.generate("m", seeds=[5]))
+    out = pixels(generated)
     assert np.abs(out - base).mean() < 10, f"{mode} drifted from the bf16 eager image"
+    if mode == "low_vram-off":  # every host weight page-locked; the first generation moved the models on
+        assert s["model_offload"].status == c.SETTING_STATUS_APPLIED, s["model_offload"].reason
+        moved = {r.control: r for r in generated.result.resolved}["model_moves"].applied
+        assert "transformer" in moved and "vae" in moved, moved
     if fields.get("memory_mode") in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL):
         assert np.array_equal(out, base) or np.abs(out - base).max() <= 3  # offload moves weights, not values
 
