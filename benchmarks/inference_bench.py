@@ -89,7 +89,7 @@ def timed(stub, request, gens: int, fresh_prompts: bool = False) -> list:
 
 
 def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references, extra_steps=(), formats=(),
-             step_caches=(), fresh_prompts=False):
+             step_caches=(), fresh_prompts=False, batch_images=1):
     """Loads, generates and records one mode. Returns its image per step count: the timed one, and one more
     for each of `extra_steps` (the bf16-off reference of a mode that runs fewer steps)."""
     req = pb.LoadRequest(model_id=f"{family}-{mode}", priority=5, source=c.ModelSource(local_dir=str(model_dir)),
@@ -146,6 +146,23 @@ def run_mode(stub, record, mode, family, model_dir, gen_fields, gens, references
         record(mode, "encode_prompt_ms", statistics.median(ms(r[1].timings.encode_prompt) for r in runs), "ms",
                prompts="fresh")
         record(mode, "vae_decode_ms", statistics.median(ms(r[1].timings.decode) for r in runs), "ms", prompts="fresh")
+    if batch_images > 1:  # one request for several images (one batched pipeline call): images/s against one image
+        batch = pb.GenerateRequest()
+        batch.CopyFrom(request)
+        batch.seeds[:] = [1234 + i for i in range(batch_images)]
+        runs = timed(stub, batch, gens)
+        wall = statistics.median(r[0] for r in runs)
+        record(mode, "e2e_generate_ms", wall * 1000, "ms", steps=steps, images=batch_images,
+               batch_split=[setting(r[1].result.resolved, "batch_split").applied
+                            for r in runs if setting(r[1].result.resolved, "batch_split")])
+        record(mode, "denoise_ms_per_step", statistics.median(ms(r[1].timings.denoise) / steps for r in runs), "ms",
+               images=batch_images)
+        record(mode, "images_per_s_vs_one", (batch_images / wall) / (1 / e2e), "x", images=batch_images,
+               target=">= 3 at 4 images", peak_vram_gib=max(r[1].result.peak_memory_bytes for r in runs) / 2**30)
+        first = image_array(runs[-1][1].images[0].data)
+        single = image_array(results[-1][1].images[0].data)
+        record(mode, "batch_first_image_max_abs_diff", float(abs(first.astype(int) - single.astype(int)).max()), "levels",
+               images=batch_images, note="the batch's first image (seed 1234) against the single image of that seed")
     images = {steps: image_array(results[-1][1].images[0].data)}
     if steps in references:
         value = psnr(images[steps], references[steps])
@@ -222,6 +239,8 @@ def main() -> None:
                                                     "thresholds (comma-separated), against its uncached image")
     p.add_argument("--fresh-prompts", action="store_true",
                    help="also time each mode with a new prompt per generation (the text encoders run each time)")
+    p.add_argument("--images", type=int, default=1,
+                   help="also time each mode with one request for this many images (one batched call)")
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
     args = p.parse_args()
@@ -264,7 +283,7 @@ def main() -> None:
                               extra_steps=step_counts if mode == "bf16-off" else (),
                               formats=[f for f in args.formats.split(",") if f],
                               step_caches=[float(x) for x in args.step_cache.split(",") if x],
-                              fresh_prompts=args.fresh_prompts)
+                              fresh_prompts=args.fresh_prompts, batch_images=args.images)
             if mode == "bf16-off":
                 import numpy as np
 
