@@ -632,7 +632,7 @@ class InferenceEngine:
         result = GenerationResult(len(futures), started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
-                                   *filter(None, [out.prompt_encoding, out.step_cache, out.batch_split,
+                                   *filter(None, [out.prompt_encoding, out.step_cache, out.batch_split, out.retrace,
                                                   moves and pinned_offload.moves_record(moves),
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
@@ -640,6 +640,8 @@ class InferenceEngine:
         metrics.prompt_encodings(model.model_id, *out.prompt_counts)
         if moves is not None:
             metrics.model_moves(model.model_id, moves)
+        if out.new_graphs:
+            metrics.RETRACES.labels(model.model_id).inc()
         job.events.put_nowait(GenerationEvent("done", result=result))
 
     # ---- observation --------------------------------------------------------------------

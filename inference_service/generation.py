@@ -155,6 +155,8 @@ class GenerationOutput:
     prompt_encoding: Resolved | None = None  # whether the text encoders ran or a repeat was reused
     prompt_counts: tuple[int, int] = (0, 0)  # encode_prompt calls: (reused, encoded)
     batch_split: Resolved | None = None  # the images ran as smaller batches after running out of GPU memory
+    retrace: Resolved | None = None  # a compiled model traced new graphs for this generation
+    new_graphs: int = 0
 
 
 @dataclass
@@ -302,12 +304,14 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     on_phase("encoding_prompt")
     if prompts is not None:
         prompts.counts()  # this generation's hits and misses from here
+    graphs_before = _graphs_traced()
     try:
         images, split = oom_backoff.run_in_batches(call, spec.seeds, spec.width, spec.height)
     finally:
         timer.close()
         points.close()
     t_end = time.perf_counter()
+    new_graphs = _graphs_traced() - graphs_before
     encode = (timer.end - timer.start) if timer.start and timer.end else 0.0
     first = marks["first_step"] or t_call
     last = marks["last_step"] or first
@@ -315,8 +319,20 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     cached = step_cache.record(spec.step_cache, *passes) if spec.step_cache is not None else None
     counts = prompts.counts() if prompts is not None else (0, 0)
     encoded = prompts.record(*counts) if prompts is not None else None
+    retrace = None
+    if new_graphs:
+        retrace = Resolved("compile_trace", "", "traced again", Source.AUTO, Status.APPLIED,
+                           f"{len(spec.seeds)} image(s) at {spec.width}x{spec.height}: the compiled graphs did not "
+                           f"cover this call, and {new_graphs} new graph(s) were traced (within this generation's time)")
     return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts,
-                            split)
+                            split, retrace, new_graphs)
+
+
+def _graphs_traced() -> int:
+    """Graphs dynamo has compiled in this process so far (its own counter; the GPU worker is the only caller)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 __all__ = ["GenerationSpec", "parse_generate", "run", "pil_images", "RunControl", "StepReport", "GenerationOutput", "Status"]

@@ -27,6 +27,9 @@ MODEL_MOVES = Counter("diffusion_model_moves_total",
 MODEL_MOVE_BYTES = Counter("diffusion_model_move_bytes_total", "Bytes of the models moved onto the device", ["model"])
 MODEL_MOVE_SECONDS = Counter("diffusion_model_move_seconds_total",
                              "Seconds spent moving models onto the device", ["model"])
+RETRACES = Counter("diffusion_compile_retraces_total",
+                   "Generations during which a compiled model traced new graphs (a size its graphs did not cover)",
+                   ["model"])
 UNLOADS = Counter("diffusion_inference_unloads_total", "Models unloaded, by why", ["reason"])
 
 

@@ -91,7 +91,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
 
     built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=_limits(pipe, family), offload=offload)
     speed = plan.speed
-    backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32)
+    backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32, compiled=speed.compile)
     if speed.fuse_qkv:
         denoiser = getattr(pipe, family.denoiser)
         if hasattr(denoiser, "fuse_qkv_projections"):
@@ -110,18 +110,29 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
         resolved.append(vae_compile)
         if vae_compile.applied == "on":
             compile_decoder(pipe.vae, plan.compile_backend)
+            _decode_one_at_a_time(pipe.vae, resolved)
         _check(abort, "compiling")
         on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
                             f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
         t0 = time.perf_counter()
-        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution, decode=vae_compile.applied == "on")
+        traced = warm_up(pipe, family, built.size_multiple, plan.warmup_resolution,
+                         decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES)
         built.compile_warmup_s = time.perf_counter() - t0
         resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
-                                 reason="first call; a warm compile cache spares the next process the inductor "
-                                        "compile, not the tracing (measured: docs/bench/inference.md)"))
+                                 reason=f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some "
+                                        "families' blocks tell one image from several); a warm compile cache spares "
+                                        "the next process the inductor compile, not the tracing (measured: "
+                                        "docs/bench/inference.md)"))
     elif speed.mode != "off":
         resolved.append(vae_decoder_compile(family.key, False, speed.mode))
     return built
+
+
+# One image, then two: FLUX's and Qwen-Image's blocks trace a graph for one image and another for several (a
+# guard on the batch size of their linear layers' input), so without the second call the first multi-image
+# request traced on the GPU worker while other requests waited (8.9-15.5 s on the H200 for Z-Image, before its
+# batch size was traced size-obliviously: inference_service.backend_flags).
+WARM_UP_BATCHES = (1, 2)
 
 
 def _limits(pipe, family: FamilySpec) -> ModelLimits:
@@ -240,17 +251,38 @@ def compile_decoder(vae, backend: str) -> None:
     vae.decoder.forward = torch.compile(vae.decoder.forward, dynamic=True, backend=backend)
 
 
-def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool = False) -> None:
-    """The call that compiles the blocks: 2 steps at about `resolution` px; with `decode`, the VAE decoder too
-    (the pipeline's own decode), else latent output."""
-    import torch
+def _decode_one_at_a_time(vae, resolved: list[Resolved]) -> None:
+    """The compiled decoder decodes each image on its own (VAE slicing, exact): torch's convolution tells a
+    batch of one from larger ones in its traced graph, so a batch would trace the decoder a second time."""
+    vae.enable_slicing()
+    for i, r in enumerate(resolved):
+        if r.control == "vae_slicing" and r.applied != "on":
+            resolved[i] = Resolved("vae_slicing", r.requested, "on", Source.AUTO,
+                                   reason="the compiled decoder's graph is for one image: each image is decoded on its own")
 
-    size = max(multiple, resolution // multiple * multiple)
-    kwargs = {"prompt": "warm-up", "height": size, "width": size, "num_inference_steps": 2,
-              "generator": torch.Generator("cpu").manual_seed(0), "output_type": "pt" if decode else "latent",
+
+def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool = False,
+            batches: tuple[int, ...] = (1,)) -> list[int]:
+    """The calls that compile the blocks: 2 steps of about `resolution`**2 pixels in all, one call per image
+    count in `batches`;
+    with `decode`, the VAE decoder too (the pipeline's own decode), else latent output. Returns the graphs each
+    call traced: a count whose graph the first call's already covered traces none and costs one short call."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    kwargs = {"prompt": "warm-up", "num_inference_steps": 2, "output_type": "pt" if decode else "latent",
               fam.guidance_kwarg: fam.default_guidance}
-    with torch.inference_mode():
-        pipe(**kwargs)
+    traced = []
+    for n in batches:
+        # n images at 1/n of the area: the sizes are traced as symbols, and the call stays in one image's memory
+        side = int(resolution / n ** 0.5)
+        size = max(multiple, side // multiple * multiple)
+        before = counters["stats"]["unique_graphs"]
+        with torch.inference_mode():
+            pipe(**kwargs, height=size, width=size, num_images_per_prompt=n,
+                 generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
+        traced.append(counters["stats"]["unique_graphs"] - before)
+    return traced
 
 
 def unload(built: BuiltPipeline) -> int:

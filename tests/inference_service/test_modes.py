@@ -16,6 +16,7 @@ def pixels(result):
 
 @pytest.mark.parametrize("mode", [c.SPEED_MODE_DEFAULT, c.SPEED_MODE_MAX])
 def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models, mode):
+    """Also: no generation traces again after the load (the record would say `compile_trace`)."""
     _, client = inference_service
     client.load("eager", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
     reference = pixels(result_of(client.generate("eager", seeds=[2])))
@@ -28,10 +29,28 @@ def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models,
     assert s["cudnn_benchmark"].status == c.SETTING_STATUS_UNSUPPORTED  # honest on a CPU host
     assert "compile_warmup" in s
     assert s["vae_decoder_compile"].applied == ("on" if mode == c.SPEED_MODE_MAX else "off")
-    out = pixels(result_of(client.generate("fast", seeds=[2])))
+    first = result_of(client.generate("fast", seeds=[2]))
+    out = pixels(first)
     assert np.abs(out - reference).max() <= 3
-    other_size = pixels(result_of(client.generate("fast", seeds=[2], width=96, height=64)))  # one decoder graph
-    assert other_size.shape == (64, 96, 3)
+    other_size = result_of(client.generate("fast", seeds=[2], width=96, height=64))  # one decoder graph
+    assert pixels(other_size).shape == (64, 96, 3)
+    # several images in one request reuse the load's graphs (the first multi-image request used to trace
+    # again, holding the GPU worker); so does a non-square size after the square warm-up
+    several = result_of(client.generate("fast", seeds=[2, 3, 4]))
+    assert np.abs(pixels(several) - reference).max() <= 3
+    for generation in (first, other_size, several):
+        traced = {r.control: r for r in generation.result.resolved}.get("compile_trace")
+        assert traced is None, traced.reason
+
+
+def test_flux_traces_for_several_images_at_load_not_at_the_first_such_request(inference_service, tiny_models):
+    _, client = inference_service
+    s = settings(client.load("flux", tiny_models["flux1"], speed_mode=c.SPEED_MODE_DEFAULT))
+    assert "calls of one image and of two" in s["compile_warmup"].reason
+    for seeds, width in (([2], 64), ([2, 3], 64), ([4, 5, 6], 96)):
+        generation = result_of(client.generate("flux", seeds=seeds, width=width, height=64))
+        traced = {r.control: r for r in generation.result.resolved}.get("compile_trace")
+        assert traced is None, traced.reason
 
 
 def test_backend_flags_restored_so_off_is_bit_identical_after_max(inference_service, tiny_models):
