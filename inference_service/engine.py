@@ -632,7 +632,8 @@ class InferenceEngine:
         result = GenerationResult(len(futures), started - job.enqueued_at, out.encode_prompt_s, out.denoise_s, out.decode_s,
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
-                                   *filter(None, [out.prompt_encoding, out.step_cache, out.batch_split, out.retrace,
+                                   *filter(None, [out.prompt_encoding, out.step_cache, out.images_per_call,
+                                                  out.batch_split, out.retrace,
                                                   moves and pinned_offload.moves_record(moves),
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import oom_backoff, step_cache
+from inference_service import batch_plan, oom_backoff, step_cache
 from inference_service.model_limits import ModelLimits
 from inference_service.requests import AdapterUse, GenerateRequest
 from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
@@ -157,6 +157,7 @@ class GenerationOutput:
     batch_split: Resolved | None = None  # the images ran as smaller batches after running out of GPU memory
     retrace: Resolved | None = None  # a compiled model traced new graphs for this generation
     new_graphs: int = 0
+    images_per_call: Resolved | None = None  # the images ran as several calls, planned (batch_plan)
 
 
 @dataclass
@@ -244,30 +245,34 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     import torch
 
     t_call = time.perf_counter()
-    marks = {"first_step": None, "last_step": None, "done": 0}
+    per_call = batch_plan.images_per_call(len(spec.seeds), spec.width, spec.height)
+    # progress counts the steps of every call: base is the steps of the calls done
+    marks = {"first_step": None, "last_step": None, "done": 0, "base": 0,
+             "total": spec.steps * -(-len(spec.seeds) // per_call)}
 
     def check(before: str) -> None:
         if not control.still_leased():
             raise Unavailable(f"the GPU lease was lost before the {before} call (after step {marks['done']} of "
-                              f"{spec.steps}); no work runs outside a lease. Retry once it is granted again",
+                              f"{marks['total']}); no work runs outside a lease. Retry once it is granted again",
                               reason="NO_LEASE")
         if control.cancel.is_set():
             raise control.cancel_error or Cancelled(
-                f"generation cancelled before the {before} call (after step {marks['done']} of {spec.steps}): "
+                f"generation cancelled before the {before} call (after step {marks['done']} of {marks['total']}): "
                 f"{control.cancel_reason}", reason="GENERATION_CANCELLED")
 
     def callback(_pipe, index, _timestep, tensors):
         now = time.perf_counter()
-        marks["done"] = index + 1
+        done = marks["done"] = marks["base"] + index + 1
+        marks["total"] = max(marks["total"], marks["base"] + spec.steps)  # more calls after running out of memory
         check("next")
         if marks["first_step"] is None:
             marks["first_step"] = timer.end or t_call
             on_phase("denoising")
         marks["last_step"] = now
         elapsed = now - marks["first_step"]
-        done = index + 1
-        on_step(StepReport(done, spec.steps, elapsed, elapsed / done * (spec.steps - done)))
-        if done == spec.steps:
+        total = marks["total"]
+        on_step(StepReport(done, total, elapsed, elapsed / done * (total - done)))
+        if done == total:
             on_phase("decoding")
         return tensors
 
@@ -288,6 +293,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
         if counted is not None:
             passes[0] += counted.full
             passes[1] += counted.passes
+        marks["base"] += spec.steps
         return images
 
     tiling = choose_tiling(tier_may_tile, spec.width, spec.height)
@@ -306,7 +312,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
         prompts.counts()  # this generation's hits and misses from here
     graphs_before = _graphs_traced()
     try:
-        images, split = oom_backoff.run_in_batches(call, spec.seeds, spec.width, spec.height)
+        images, split = oom_backoff.run_in_batches(call, spec.seeds, spec.width, spec.height, per_call=per_call)
     finally:
         timer.close()
         points.close()
@@ -325,7 +331,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
                            f"{len(spec.seeds)} image(s) at {spec.width}x{spec.height}: the compiled graphs did not "
                            f"cover this call, and {new_graphs} new graph(s) were traced (within this generation's time)")
     return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts,
-                            split, retrace, new_graphs)
+                            split, retrace, new_graphs, batch_plan.record(len(spec.seeds), spec.width, spec.height))
 
 
 def _graphs_traced() -> int:

@@ -29,11 +29,13 @@ def _free() -> None:
 
 
 def run_in_batches(run: Callable[[Sequence[int]], list], seeds: Sequence[int], width: int, height: int,
-                   free: Callable[[], None] = _free) -> tuple[list, Resolved | None]:
-    """`run(seeds)` generates one image per seed. Returns the images in seed order and, when a batch had to be
-    split, the record that says how it ran."""
+                   free: Callable[[], None] = _free, per_call: int | None = None) -> tuple[list, Resolved | None]:
+    """`run(seeds)` generates one image per seed, `per_call` seeds at most per call (inference_service.batch_plan;
+    all of them by default). Returns the images in seed order and, when a batch had to be split, the record that
+    says how it ran."""
     oom = _out_of_memory()
     sizes: list[int] = []
+    split = [False]
 
     def attempt(part: Sequence[int]) -> list:
         try:
@@ -45,14 +47,17 @@ def run_in_batches(run: Callable[[Sequence[int]], list], seeds: Sequence[int], w
                     f"out of GPU memory generating one {width}x{height} image (the model's lease leaves too little "
                     "room for it); ask for a smaller size, or load the model with an offloading memory mode",
                     reason="OUT_OF_MEMORY") from None
+            split[0] = True
             half = (len(part) + 1) // 2
             return attempt(part[:half]) + attempt(part[half:])
         sizes.append(len(part))
         return images
 
-    images = attempt(list(seeds))
-    if len(sizes) <= 1:
+    seeds = list(seeds)
+    step = per_call or len(seeds)
+    images = [image for i in range(0, len(seeds), step) for image in attempt(seeds[i:i + step])]
+    if not split[0]:
         return images, None
     return images, Resolved(CONTROL, str(len(seeds)), " + ".join(map(str, sizes)), Source.AUTO, Status.FELL_BACK,
-                            reason=f"{len(seeds)} images of {width}x{height} in one batch ran out of GPU memory; "
+                            reason=f"{len(seeds)} images of {width}x{height} in batches of {step} ran out of GPU memory; "
                                    f"they ran as {len(sizes)} smaller batches, each image with its own seed")
