@@ -98,11 +98,15 @@ def test_compiled_model_hotswaps_without_recompiling(lora_setup, tiny_models):
     assert first.images[0].data != base
     hotswap = {r.control: r for r in first.resolved}["adapter_hotswap"]
     assert "recompile once" in hotswap.reason
+    traced = lambda generation: "compile_trace" in {r.control for r in generation.resolved}  # noqa: E731
+    assert traced(first)  # the record that says what dynamo really did agrees
     second = run([("z-third", 1.0)])
     assert "without recompiling" in {r.control: r for r in second.resolved}["adapter_hotswap"].reason
-    assert second.images[0].data != first.images[0].data
+    assert second.images[0].data != first.images[0].data and not traced(second)
     # Many different weights: written into the slot in place (set_adapters here hit dynamo's recompile limit).
-    outputs = {run([("z-third", w)]).images[0].data for w in (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9)}
+    weighted = [run([("z-third", w)]) for w in (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9)]
+    assert not any(traced(g) for g in weighted)
+    outputs = {g.images[0].data for g in weighted}
     assert len(outputs) == 10
     assert pixels(run([("z-third", 0.0)]).images[0].data) == pixels(base)
     assert run().images[0].data == base
