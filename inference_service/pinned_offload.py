@@ -23,6 +23,23 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from inference_service.model_residency import evictions, weights_budget
 
 GiB = 2**30
+# Page-locked memory cannot be swapped out or reclaimed; past this share of the host's memory, the weights
+# stay pageable (slower moves) rather than starve the rest of the host.
+MAX_PINNED_SHARE = 0.5
+
+
+def pin_refusal(weight_bytes: int, host_bytes: int) -> str | None:
+    """Why the weights should not be page-locked on this host, or None when they may be."""
+    if weight_bytes > host_bytes * MAX_PINNED_SHARE:
+        return (f"{weight_bytes / GiB:.1f} GiB of weights is over {MAX_PINNED_SHARE:.0%} of this host's "
+                f"{host_bytes / GiB:.1f} GiB of memory")
+    return None
+
+
+def host_memory_bytes() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def unswappable(model) -> str | None:
@@ -85,9 +102,11 @@ class _OnloadHook:
 class PinnedOffload:
     """Moves a pipeline's models between host and device, whole, within a budget of device bytes."""
 
-    def __init__(self, models: dict, device: str, budget_bytes: int | None = None, pin: bool = True):
+    def __init__(self, models: dict, device: str, budget_bytes: int | None = None, pin: bool = True,
+                 host_bytes: int | None = None):
         """`budget_bytes`: device bytes the models' weights may take at once; by default
-        model_residency.weights_budget of the largest model."""
+        model_residency.weights_budget of the largest model. `pin`: page-lock the host copies (a CUDA device),
+        unless they would take too much of the host's memory (`host_bytes`, this host's by default)."""
         import torch
 
         self.device = torch.device(device)
@@ -108,7 +127,11 @@ class PinnedOffload:
                     t.data = host
                 self._copies[name][id(t)] = _Copy(t, host)
             self._bytes[name] = self._size(name)
-            if pin:
+        self.unpinned_why = None if pin else "no accelerator: the device copies are made in host memory"
+        if pin:
+            self.unpinned_why = pin_refusal(sum(self._bytes.values()), host_bytes or host_memory_bytes())
+        for name in self._models:
+            if self.unpinned_why is None:
                 self._pin(name)
             else:
                 self.pageable_bytes += self._bytes[name]
@@ -126,12 +149,15 @@ class PinnedOffload:
     def record(self) -> Resolved:
         total = self.pinned_bytes + self.pageable_bytes
         status = Status.APPLIED if not self.pageable_bytes else Status.FELL_BACK
+        applied = "pinned" if not self.pageable_bytes else "pageable" if not self.pinned_bytes else "partly pinned"
         why = (f"whole models move onto the device when called and stay until one that does not fit beside them "
                f"within {self.budget_bytes / GiB:.1f} GiB is called; {self.pinned_bytes / GiB:.1f} of "
                f"{total / GiB:.1f} GiB of host weights page-locked in place")
-        if self.pageable_bytes:
+        if self.unpinned_why:
+            why += f"; not page-locked: {self.unpinned_why}, so moves copy from pageable memory (slower)"
+        elif self.pageable_bytes:
             why += "; the rest could not be page-locked and copies from it are slower"
-        return Resolved("model_offload", "", "pinned", Source.AUTO, status, why)
+        return Resolved("model_offload", "pinned", applied, Source.AUTO, status, why)
 
     # ---- moving -------------------------------------------------------------------------
 

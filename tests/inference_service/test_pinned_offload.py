@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from diffusion_kit.adapter_store import AdapterStore
+from diffusion_kit.resolved import Status
 from inference_service.model_residency import evictions, weights_budget
 from inference_service.pinned_offload import PinnedOffload, moves_record, unswappable
 from inference_service.prompt_cache import PromptCache
@@ -176,3 +177,24 @@ def test_every_family_renders_the_same_pixels_one_model_at_a_time(tiny_models, f
         moves = offload.take()
         assert spec.denoiser in moves.names and "vae" in moves.names and moves.copied_back == 0, moves
     assert offload.resident() == ["vae"]
+
+
+@pytest.mark.parametrize("weights_gib, host_gib, refused", [
+    (31.4, 125, False),  # FLUX.1-dev on the H200 host
+    (31.4, 62, True),
+    (19.1, 32, True),
+    (2, 32, False),
+])
+def test_weights_are_not_page_locked_past_half_the_host(weights_gib, host_gib, refused):
+    from inference_service.pinned_offload import pin_refusal
+
+    why = pin_refusal(int(weights_gib * 2**30), int(host_gib * 2**30))
+    assert (why is not None) == refused
+    if refused:
+        assert f"{host_gib:.1f} GiB" in why
+
+
+def test_the_record_says_why_nothing_was_page_locked(tiny_models):
+    pipe, offload = offloaded(tiny_models["zimage"])
+    record = offload.record()
+    assert record.applied == "pageable" and record.status is Status.FELL_BACK and "no accelerator" in record.reason
