@@ -7,6 +7,9 @@ context, sized and measured on one 1024x1024 image: NVML saw a Z-Image bf16 gene
 docs/bench/inference.md), so a batch of them ran past the lease. Images are therefore batched up to one
 1024x1024 image's pixels per call. At that size batching gained 6-7% (the step is compute-bound), and an image
 generated alone is bit-identical to a request of that one seed; smaller images still batch.
+
+With several calls, progress counts the steps of all of them, and the generation's denoise time spans them
+all (the decodes between calls included; its decode time is the last call's).
 """
 from __future__ import annotations
 
