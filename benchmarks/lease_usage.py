@@ -8,6 +8,13 @@ the memory of every process on the device, and the device's used memory. Per mod
 peak of each service process (the inference service, the training service's parent, the trainer
 child) against the bytes its lease holds, and the ratio; the promise is that no ratio exceeds 1.0.
 Also the memory each service process holds with no lease at all (its CUDA context, if any).
+
+An inference mode may name the images of its one Generate: `bf16-off@2048x2048` loads with room for one
+2048x2048 image (`max_pixels_per_call`) and generates it; `bf16-off@1024x1024:4` loads with room for four and
+generates them in one call. Plain modes generate one 1024x1024 image under the family's default room.
+
+    python -m benchmarks.lease_usage --family zimage --workdir /tmp/lu --training-modes '' \
+        --inference-modes bf16-off@2048x2048,bf16-off@1024x1024:4,fp8-default@1024x1024:4
 """
 from __future__ import annotations
 
@@ -34,6 +41,16 @@ from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 
 GiB = 2**30
+
+
+def images_of(mode: str) -> tuple[str, int, int, int]:
+    """(mode, width, height, images) of NAME[@WxH[:N]]; 0 images: one image under the family's default room."""
+    name, _, shape = mode.partition("@")
+    if not shape:
+        return name, 1024, 1024, 0
+    size, _, count = shape.partition(":")
+    width, height = map(int, size.lower().split("x"))
+    return name, width, height, int(count or 1)
 # The modes of the two benches, so every mode they time is also checked against its lease.
 INFERENCE_MODES = inference_bench.MODES
 TRAINING_MODES = {k: v for k, v in training_bench.MODES.items() if k != "fp32" and not k.endswith("-warm")}
@@ -94,7 +111,8 @@ def main() -> None:
     p.add_argument("--family", default="zimage")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/lease-usage"))
     p.add_argument("--out", type=Path)
-    p.add_argument("--inference-modes", default=",".join(INFERENCE_MODES), help="comma-separated; empty for none")
+    p.add_argument("--inference-modes", default=",".join(INFERENCE_MODES),
+                   help="comma-separated NAME[@WxH[:N]]; empty for none")
     p.add_argument("--training-modes", default=",".join(TRAINING_MODES), help="comma-separated; empty for none")
     p.add_argument("--deadline-s", type=float, default=1e9, help="stop starting modes after this many seconds")
     args = p.parse_args()
@@ -129,12 +147,17 @@ def main() -> None:
             if time.monotonic() - started > args.deadline_s:
                 break
             sampler.reset()
-            req = ipb.LoadRequest(model_id=mode, source=c.ModelSource(local_dir=str(base)), **INFERENCE_MODES[mode])
+            name, width, height, images = images_of(mode)
+            model_id = mode.replace("@", "-").replace(":", "-")
+            room = {"max_pixels_per_call": width * height * images} if images else {}
+            req = ipb.LoadRequest(model_id=model_id, source=c.ModelSource(local_dir=str(base)),
+                                  **INFERENCE_MODES[name], **room)
             try:
                 list(infer.Load(req, timeout=900))
                 lease = lease_bytes(broker, "inference-0")
-                list(infer.Generate(ipb.GenerateRequest(model_id=mode, prompt="a lighthouse at dusk", width=1024,
-                                                        height=1024, steps=4, seeds=[1]), timeout=900))
+                list(infer.Generate(ipb.GenerateRequest(model_id=model_id, prompt="a lighthouse at dusk", width=width,
+                                                        height=height, steps=4, seeds=range(1, 1 + max(1, images))),
+                                    timeout=900))
             except grpc.RpcError as e:
                 record(f"inference {mode}", "ran", 0, "bool", detail=f"{e.code().name}: {e.details()}")
                 continue
@@ -142,7 +165,7 @@ def main() -> None:
             record(f"inference {mode}", "usage_over_lease", used / lease if lease else float("inf"), "ratio",
                    used_gib=round(used / GiB, 2), lease_gib=round(lease / GiB, 2),
                    device_peak_over_baseline_gib=round((sampler.device_peak - baseline) / GiB, 2))
-            infer.Unload(ipb.UnloadRequest(model_id=mode), timeout=300)
+            infer.Unload(ipb.UnloadRequest(model_id=model_id), timeout=300)
         after = sampler.now()
         record("after inference", "unleased_bytes", after.get(inference.proc.pid, 0) / GiB, "GiB",
                note="the inference service with no model loaded and no lease: its CUDA context (and cached blocks), "

@@ -71,6 +71,15 @@ def table(rows: list[list[str]], header: list[str]) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
+def pixel_count(text: str) -> int:
+    """A pixel count given as N or WxH."""
+    try:
+        width, _, height = text.lower().partition("x")
+        return int(width) * int(height) if height else int(width)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a pixel count or WIDTHxHEIGHT, got {text!r}") from None
+
+
 def gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -89,7 +98,8 @@ def cmd_load(args) -> int:
                                   compute_precision=args.compute_precision,
                                   text_encoder_precision=args.text_encoder_precision, memory_mode=args.memory,
                                   speed_mode=args.speed, device_index=args.device, priority=args.priority,
-                                  keep_alive_s=args.keep_alive, variant=args.variant or "")
+                                  keep_alive_s=args.keep_alive, variant=args.variant or "",
+                                  max_pixels_per_call=args.max_pixels_per_call or 0)
     if not out_json(args, model):
         print(f"loaded {model.model_id} ({short(c.Family, model.family, 'FAMILY_')}) on {model.device_name} "
               f"(device {model.device_index})")
@@ -347,6 +357,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--variant", help="a hub repo's weight variant, e.g. fp16 (default: the plain weights)")
     s.add_argument("--keep-alive", type=float, metavar="SECONDS",
                    help="unload after this long idle (negative: never; 0: after each generation)")
+    s.add_argument("--max-pixels-per-call", type=pixel_count, metavar="N|WxH",
+                   help="the largest image (or pixels of images per call) its GPU lease plans room for, e.g. "
+                        "2048x2048 (default: the family's default image)")
     s.set_defaults(run=cmd_load)
 
     s = sub.add_parser("generate", help="generate images into a folder (a progress bar on stderr)")

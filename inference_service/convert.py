@@ -27,7 +27,8 @@ def load_request(msg: pb.LoadRequest) -> rq.LoadRequest:
         memory_mode=msg.memory_mode, speed_mode=msg.speed_mode,
         fp8_fast_accumulate=msg.fp8_fast_accumulate if msg.HasField("fp8_fast_accumulate") else None,
         priority=msg.priority, device_index=msg.device_index if msg.HasField("device_index") else None,
-        keep_alive_s=msg.keep_alive.ToNanoseconds() / 1e9 if msg.HasField("keep_alive") else None)
+        keep_alive_s=msg.keep_alive.ToNanoseconds() / 1e9 if msg.HasField("keep_alive") else None,
+        max_pixels_per_call=msg.max_pixels_per_call)
 
 
 def generate_request(msg: pb.GenerateRequest) -> rq.GenerateRequest:
@@ -59,7 +60,8 @@ def loaded_model(model: LoadedModel) -> pb.LoadedModel:
         device_index=model.device_index, estimated_footprint_bytes=plan.footprint_bytes,
         resolved=[r.to_proto() for r in model.built.resolved], loaded_time=timestamp(model.loaded_at),
         limits=pb.ModelLimits(size_multiple=limits.size_multiple, max_width=limits.max_width,
-                              max_height=limits.max_height, max_prompt_tokens=limits.max_prompt_tokens),
+                              max_height=limits.max_height, max_prompt_tokens=limits.max_prompt_tokens,
+                              max_pixels_per_call=limits.max_pixels_per_call),
         owner=model.owner)
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import batch_plan, oom_backoff, step_cache
+from inference_service import batch_plan, image_room, oom_backoff, step_cache
 from inference_service.model_limits import ModelLimits
 from inference_service.requests import AdapterUse, GenerateRequest
 from service_kit.errors import Cancelled, InvalidArgument, Unavailable, clip
@@ -42,6 +42,7 @@ class GenerationSpec:
     encode_quality: int | None
     resolved: tuple[Resolved, ...]
     step_cache: float | None = None  # First-Block Cache threshold; None: every step runs every block
+    pixels_per_call: int = image_room.MEASURED_PIXELS  # the loaded model's image room (image_room, batch_plan)
 
     def recipe(self, family: FamilySpec, seed: int, model_resolved: list[Resolved]) -> dict:
         """What the image's metadata records: enough to make it again."""
@@ -83,6 +84,7 @@ def parse_generate(req: GenerateRequest, family: FamilySpec, limits: ModelLimits
         if side < multiple or side > top or side % multiple:
             raise InvalidArgument(f"{name} must be a multiple of {multiple} between {multiple} and {top} (this "
                                   f"model's limit), got {side}", reason="BAD_SIZE", field=name)
+    image_room.check(width, height, limits.max_pixels_per_call, req.model_id)
     steps = default("steps", req.steps, family.default_steps)
     if not 1 <= steps <= MAX_STEPS:
         raise InvalidArgument(f"steps must be 1..{MAX_STEPS}, got {steps}", reason="BAD_STEPS")
@@ -132,7 +134,8 @@ def parse_generate(req: GenerateRequest, family: FamilySpec, limits: ModelLimits
                                  reason="true CFG needs a negative prompt; a blank one was used"))
     cache = step_cache.parse(req.step_cache, family.key, family.display)
     return GenerationSpec(req.model_id, req.prompt, negative, width, height, steps, guidance, seeds,
-                          tuple(adapters), req.output_format, quality, tuple(resolved), cache)
+                          tuple(adapters), req.output_format, quality, tuple(resolved), cache,
+                          limits.max_pixels_per_call)
 
 
 @dataclass
@@ -245,7 +248,7 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     import torch
 
     t_call = time.perf_counter()
-    per_call = batch_plan.images_per_call(len(spec.seeds), spec.width, spec.height)
+    per_call = batch_plan.images_per_call(len(spec.seeds), spec.width, spec.height, spec.pixels_per_call)
     # progress counts the steps of every call: base is the steps of the calls done
     marks = {"first_step": None, "last_step": None, "done": 0, "base": 0,
              "total": spec.steps * -(-len(spec.seeds) // per_call)}
@@ -331,7 +334,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
                            f"{len(spec.seeds)} image(s) at {spec.width}x{spec.height}: the compiled graphs did not "
                            f"cover this call, and {new_graphs} new graph(s) were traced (within this generation's time)")
     return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts,
-                            split, retrace, new_graphs, batch_plan.record(len(spec.seeds), spec.width, spec.height))
+                            split, retrace, new_graphs, batch_plan.record(len(spec.seeds), spec.width, spec.height,
+                                                                        spec.pixels_per_call))
 
 
 def _graphs_traced() -> int:

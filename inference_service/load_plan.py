@@ -10,6 +10,7 @@ from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source
+from inference_service import image_room
 from inference_service.keep_alive import resolve_keep_alive
 from inference_service.memory_plan import MemoryPlan, need_for, plan_memory
 from inference_service.model_source import SourceFiles
@@ -50,6 +51,7 @@ class LoadPlan:
     lease_bytes: int = 0  # what the broker is asked for: the plan's peak on the device, loading included
     quantize_on_device: bool = True  # move the dense weights to the device before quantising them
     keep_alive_s: float | None = None  # idle seconds before the model is unloaded; None: never
+    pixels_per_call: int = image_room.MEASURED_PIXELS  # the image room its lease is planned for (image_room)
 
 
 def check_request(req: LoadRequest) -> None:
@@ -63,6 +65,7 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
     dtype, dtype_record = resolve_compute_dtype(req.compute_precision, caps, family)
     fast = req.fp8_fast_accumulate
     device = caps.torch_device
+    pixels, room_record = image_room.resolve(req.max_pixels_per_call, family, dtype.facts.inference_bits)
 
     def sized(compiled: bool):
         quant = resolve_quant(req.transformer_precision, req.text_encoder_precision, fast, caps, family,
@@ -72,7 +75,7 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
         footprint, largest = source.footprint_bytes(dtype, quant_bits)
         memory = plan_memory(req.memory_mode, device_kind=caps.device_kind, free_bytes=caps.free_bytes,
                              total_bytes=caps.total_bytes, footprint_bytes=footprint, largest_component_bytes=largest,
-                             compute_bits=dtype.facts.inference_bits)
+                             compute_bits=dtype.facts.inference_bits, pixels=pixels)
         return quant, footprint, memory
 
     compiled = asks_for_compile(req.speed_mode, req.memory_mode)
@@ -90,12 +93,13 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
                        memory_mode=memory.mode, compile_backend=settings.compile_backend)
     lease, on_device, where = _quantise_where(source, dtype, quant, memory, caps)
     keep_alive, keep_alive_record = resolve_keep_alive(req.keep_alive_s, settings.keep_alive_s)
-    resolved = [dtype_record, *quant.resolved, *memory.resolved, *speed.resolved, *where, keep_alive_record]
+    resolved = [dtype_record, *quant.resolved, *memory.resolved, room_record, *speed.resolved, *where,
+                keep_alive_record]
     return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
                     speed=speed, device=device, quant_min_features=settings.quant_min_features,
                     compile_backend=settings.compile_backend, warmup_resolution=settings.warmup_resolution,
                     resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank,
-                    lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive)
+                    lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive, pixels_per_call=pixels)
 
 
 def _quantise_where(source: SourceFiles, dtype: Precision, quant: QuantChoice, memory: MemoryPlan,

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from diffusion.v1 import common_pb2 as c
 from diffusion_kit.resolved import Resolved, Source, Status
+from inference_service import image_room
 from service_kit.errors import FailedPrecondition, ResourceExhausted
 
 GiB = 2**30
@@ -38,15 +39,20 @@ class MemoryPlan:
     resolved: tuple[Resolved, ...]
 
 
-def need_for(mode: str, footprint: int, largest: int, compute_bits: float = 16) -> int:
-    """Device bytes at peak for this tier: what it keeps on the device, plus activations and workspace."""
+def need_for(mode: str, footprint: int, largest: int, compute_bits: float = 16,
+             pixels: int = image_room.MEASURED_PIXELS) -> int:
+    """Device bytes at peak for this tier: what it keeps on the device, plus activations and workspace for calls
+    of `pixels` (inference_service.image_room)."""
     on_device = {"resident": footprint, "balanced": int(largest * GROUP_OFFLOAD_SHARE),
                  "low_vram": largest, "sequential": largest // 8}[mode]
-    return int(on_device * (1 + HEADROOM_FRACTION)) + int(HEADROOM_BYTES * compute_bits / 16)
+    return (int(on_device * (1 + HEADROOM_FRACTION)) + int(HEADROOM_BYTES * compute_bits / 16)
+            + image_room.extra_bytes(pixels, compute_bits))
 
 
 def plan_memory(requested: int, *, device_kind: str, free_bytes: int, total_bytes: int,
-                footprint_bytes: int, largest_component_bytes: int, compute_bits: float = 16) -> MemoryPlan:
+                footprint_bytes: int, largest_component_bytes: int, compute_bits: float = 16,
+                pixels: int = image_room.MEASURED_PIXELS) -> MemoryPlan:
+    """The tier for a model whose calls denoise and decode at most `pixels` pixels (its image room)."""
     asked = c.MemoryMode.Name(requested)
     footprint, largest = footprint_bytes, largest_component_bytes
 
@@ -57,31 +63,30 @@ def plan_memory(requested: int, *, device_kind: str, free_bytes: int, total_byte
         mode = "balanced" if requested == c.MEMORY_MODE_BALANCED else "resident"
         source = Source.EXPLICIT if requested in MODES else Source.AUTO
         why = "CPU host: the weights are already in host memory" if source is Source.AUTO else ""
-        return _plan(mode, asked, source, Status.APPLIED, why, footprint, largest, compute_bits)
+        return _plan(mode, asked, source, Status.APPLIED, why, footprint, largest, compute_bits, pixels)
 
     if requested in MODES:
         mode = MODES[requested]
-        need = need_for(mode, footprint, largest, compute_bits)
+        need = need_for(mode, footprint, largest, compute_bits, pixels)
         if need > total_bytes:
             raise ResourceExhausted(
                 f"{asked} needs about {need / GiB:.1f} GiB on the device and it has {total_bytes / GiB:.1f} GiB in all; "
                 f"use AUTO or a lower memory mode", reason="DOES_NOT_FIT")
-        return _plan(mode, asked, Source.EXPLICIT, Status.APPLIED, "", footprint, largest, compute_bits)
+        return _plan(mode, asked, Source.EXPLICIT, Status.APPLIED, "", footprint, largest, compute_bits, pixels)
 
     for mode in ("resident", "balanced", "low_vram", "sequential"):
-        need = need_for(mode, footprint, largest, compute_bits)
+        need = need_for(mode, footprint, largest, compute_bits, pixels)
         if need <= free_bytes:
             why = (f"{mode}: needs about {need / GiB:.1f} GiB, {free_bytes / GiB:.1f} GiB free "
                    f"(weights {footprint / GiB:.1f} GiB, largest component {largest / GiB:.1f} GiB)")
-            return _plan(mode, asked, Source.AUTO, Status.APPLIED, why, footprint, largest, compute_bits)
-    raise ResourceExhausted(
-        f"does not fit even with sequential offload: about "
-        f"{need_for('sequential', footprint, largest, compute_bits) / GiB:.1f} GiB needed, {free_bytes / GiB:.1f} GiB free",
-        reason="DOES_NOT_FIT")
+            return _plan(mode, asked, Source.AUTO, Status.APPLIED, why, footprint, largest, compute_bits, pixels)
+    least = need_for("sequential", footprint, largest, compute_bits, pixels)
+    raise ResourceExhausted(f"does not fit even with sequential offload: about {least / GiB:.1f} GiB needed, "
+                            f"{free_bytes / GiB:.1f} GiB free", reason="DOES_NOT_FIT")
 
 
 def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footprint: int, largest: int,
-          compute_bits: float) -> MemoryPlan:
+          compute_bits: float, pixels: int) -> MemoryPlan:
     # Slicing is exact (bit-identical) and saves memory whenever offloading; tiling is not exact above
     # 1 MP, so only the memory-starved tiers get it.
     slicing = mode != "resident"
@@ -94,4 +99,4 @@ def _plan(mode: str, asked: str, source: Source, status: Status, why: str, footp
                  reason="memory-starved tier: large images decode in tiles" if tiling
                  else "kept exact: only low_vram and sequential tile"),
     )
-    return MemoryPlan(mode, slicing, tiling, need_for(mode, footprint, largest, compute_bits), resolved)
+    return MemoryPlan(mode, slicing, tiling, need_for(mode, footprint, largest, compute_bits, pixels), resolved)

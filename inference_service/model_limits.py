@@ -21,6 +21,8 @@ class ModelLimits:
     max_height: int
     max_prompt_tokens: int = 0  # 0: no positional limit (the pipeline truncates long prompts itself)
     count_prompt_tokens: Callable[[str], int] | None = None  # how the model counts a prompt, when it has a limit
+    # The pixels one pipeline call may hold: the image room its lease was planned for (image_room; set at load).
+    max_pixels_per_call: int = 1024 * 1024
 
 
 def model_limits(family_key: str, denoiser_config: dict, vae_scale_factor: int, max_sequence_length: int = 512,

@@ -9,7 +9,7 @@ import copy
 import gc
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from diffusion_kit.families import FamilySpec
@@ -89,7 +89,8 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     if plan.memory.vae_slicing:
         pipe.vae.enable_slicing()
 
-    built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=_limits(pipe, family), offload=offload)
+    limits = replace(_limits(pipe, family), max_pixels_per_call=plan.pixels_per_call)
+    built = BuiltPipeline(pipe, plan, flags_before, resolved, limits=limits, offload=offload)
     speed = plan.speed
     backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32, compiled=speed.compile)
     if speed.fuse_qkv:

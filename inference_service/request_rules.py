@@ -6,6 +6,7 @@ steps, guidance, adapters against the store). Each limit here is also in inferen
 from __future__ import annotations
 
 from diffusion_kit.source_rules import SOURCE_RULES
+from inference_service.image_room import MAX_PIXELS
 from inference_service.keep_alive import MAX_KEEP_ALIVE_S
 from service_kit.request_limits import Limit, Rules
 
@@ -23,7 +24,9 @@ RULES: dict[str, Rules] = {
     **SOURCE_RULES,
     "diffusion.v1.LoadRequest": Rules({"model_id": _model_id,
                                        "device_index": Limit(min=0, max=1023, reason="BAD_DEVICE_INDEX"),
-                                       "keep_alive": Limit(max=MAX_KEEP_ALIVE_S, reason="BAD_KEEP_ALIVE")}),
+                                       "keep_alive": Limit(max=MAX_KEEP_ALIVE_S, reason="BAD_KEEP_ALIVE"),
+                                       "max_pixels_per_call": Limit(min=0, max=MAX_PIXELS,
+                                                                    reason="BAD_MAX_PIXELS_PER_CALL")}),
     "diffusion.v1.GenerateRequest": Rules({
         "model_id": Limit(max_len=128, required=True, pattern=MODEL_ID, reason="BAD_MODEL_ID",
                           pattern_says="1-128 letters, digits, '.', '_' or '-'"),

@@ -28,6 +28,7 @@ class LoadRequest:
     priority: int = 0
     device_index: int | None = None
     keep_alive_s: float | None = None  # None: the service default; negative: forever; 0: after each generation
+    max_pixels_per_call: int = 0  # the image room its lease plans for; 0: the family's default image
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,16 @@ def test_step_cache_reaches_the_service_and_its_refusal_comes_back(services, tin
         assert "FLUX.1 and Qwen-Image" in refused.stderr
     finally:
         cli(services, "unload", "zc")
+
+
+def test_the_image_room_reaches_the_service_and_a_larger_image_is_refused(services, tiny_models):
+    loaded = cli(services, "--json", "load", "zr", str(tiny_models["zimage"]), "--max-pixels-per-call", "64x64")
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["limits"]["maxPixelsPerCall"] == 64 * 64
+    try:
+        refused = cli(services, "generate", "zr", "a cube", "--width", "64", "--height", "128")
+        assert refused.returncode == 4 and "FAILED_PRECONDITION" in refused.stderr, refused.stderr
+        assert "max_pixels_per_call of at least 8192" in refused.stderr
+    finally:
+        cli(services, "unload", "zr")
+    assert cli(services, "load", "zr", "/tmp/x", "--max-pixels-per-call", "big").returncode == 2

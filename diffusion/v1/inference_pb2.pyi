@@ -88,7 +88,7 @@ STEP_CACHE_MODE_OFF: StepCacheMode
 STEP_CACHE_MODE_FIRST_BLOCK: StepCacheMode
 
 class LoadRequest(_message.Message):
-    __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index", "keep_alive")
+    __slots__ = ("model_id", "family", "source", "compute_precision", "transformer_precision", "text_encoder_precision", "memory_mode", "speed_mode", "fp8_fast_accumulate", "priority", "device_index", "keep_alive", "max_pixels_per_call")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class LoadRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_PER_CALL_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     family: _common_pb2.Family
     source: _common_pb2.ModelSource
@@ -113,7 +114,8 @@ class LoadRequest(_message.Message):
     priority: int
     device_index: int
     keep_alive: _duration_pb2.Duration
-    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ..., keep_alive: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    max_pixels_per_call: int
+    def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., source: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., compute_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., transformer_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., text_encoder_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., memory_mode: _Optional[_Union[_common_pb2.MemoryMode, str]] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., fp8_fast_accumulate: _Optional[bool] = ..., priority: _Optional[int] = ..., device_index: _Optional[int] = ..., keep_alive: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_pixels_per_call: _Optional[int] = ...) -> None: ...
 
 class LoadResponse(_message.Message):
     __slots__ = ("sequence", "phase", "message", "bytes_done", "bytes_total", "elapsed", "result")
@@ -158,16 +160,18 @@ class LoadedModel(_message.Message):
     def __init__(self, model_id: _Optional[str] = ..., family: _Optional[_Union[_common_pb2.Family, str]] = ..., device_name: _Optional[str] = ..., device_index: _Optional[int] = ..., estimated_footprint_bytes: _Optional[int] = ..., resolved: _Optional[_Iterable[_Union[_common_pb2.ResolvedSetting, _Mapping]]] = ..., loaded_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., adapters: _Optional[_Iterable[_Union[AdapterRef, _Mapping]]] = ..., limits: _Optional[_Union[ModelLimits, _Mapping]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class ModelLimits(_message.Message):
-    __slots__ = ("size_multiple", "max_width", "max_height", "max_prompt_tokens")
+    __slots__ = ("size_multiple", "max_width", "max_height", "max_prompt_tokens", "max_pixels_per_call")
     SIZE_MULTIPLE_FIELD_NUMBER: _ClassVar[int]
     MAX_WIDTH_FIELD_NUMBER: _ClassVar[int]
     MAX_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_PER_CALL_FIELD_NUMBER: _ClassVar[int]
     size_multiple: int
     max_width: int
     max_height: int
     max_prompt_tokens: int
-    def __init__(self, size_multiple: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ...) -> None: ...
+    max_pixels_per_call: int
+    def __init__(self, size_multiple: _Optional[int] = ..., max_width: _Optional[int] = ..., max_height: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_pixels_per_call: _Optional[int] = ...) -> None: ...
 
 class AdapterRef(_message.Message):
     __slots__ = ("adapter_id", "weight")
