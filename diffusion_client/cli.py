@@ -206,7 +206,8 @@ def follow(client: Training, job_id: str, args, from_sequence: int = 1) -> int:
 def cmd_train(args) -> int:
     fields = {k: v for k, v in dict(steps=args.steps, rank=args.rank, resolution=args.resolution,
                                      learning_rate=args.learning_rate, adapter_id=args.adapter_id,
-                                     priority=args.priority, seed=args.seed).items() if v is not None}
+                                     priority=args.priority, seed=args.seed,
+                                     device_index=args.device).items() if v is not None}
     with Training(address(args, "training")) as client:
         job = client.start(args.family, local(args.base), local(args.data), args.prompt or "",
                            base_precision=args.precision,
@@ -400,6 +401,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--adapter-id")
     s.add_argument("--seed", type=int)
     s.add_argument("--priority", type=int)
+    s.add_argument("--device", type=int, help="the broker device to train on (default: any it grants)")
     s.add_argument("--no-follow", action="store_true", help="print the job id and return")
     s.set_defaults(run=cmd_train)
 

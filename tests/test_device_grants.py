@@ -52,3 +52,50 @@ def test_a_training_job_is_told_the_device_its_lease_is_on(start_broker, tiny_mo
         channel.close()
         proc.stop()
         broker.release(other)
+
+
+def _training(broker_proc, tmp_path):
+    from PIL import Image
+
+    dirs = {"out": tmp_path / "out", "adapters": tmp_path / "adapters", "data": tmp_path / "data"}
+    dirs["data"].mkdir()
+    for i in range(2):
+        Image.new("RGB", (72, 64), (90 * i, 40, 160)).save(dirs["data"] / f"{i}.png")
+    proc = start_service("training_service", *TRAINING_ROOTS, "--broker", broker_proc.address, "--output-dir",
+                         str(dirs["out"]), "--adapter-store", str(dirs["adapters"]), timeout=180)
+    return proc, dirs
+
+
+def test_a_training_job_pinned_to_a_device_trains_there_and_a_doomed_pin_creates_nothing(start_broker, tiny_models,
+                                                                                         tmp_path):
+    from service_kit.error_interceptor import error_info
+
+    broker_proc, broker = start_broker(fake_devices="2x24GiB,1x1MiB")
+    proc, dirs = _training(broker_proc, tmp_path)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    timeline = broker.timeline()
+    try:
+        for pin, granted in ((None, "granted device 0"), (1, "granted device 1")):  # best fit takes device 0
+            extra = {} if pin is None else {"device_index": pin}
+            job_id = stub.StartTraining(request(tiny_models, dirs, steps=1, **extra)).job_id
+            events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=120))
+            said = [e.phase.message for e in events if e.WhichOneof("event") == "phase" and "granted" in e.phase.message]
+            assert said and said[0].startswith(granted), said
+            assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED
+            records = [r for e in events if e.WhichOneof("event") == "resolved" for r in e.resolved.resolved]
+            assert [r.applied for r in records if r.control == "device"] == ([] if pin is None else ["device 1"])
+        jobs_before = len(stub.ListTrainingJobs(pb.ListTrainingJobsRequest()).jobs)
+        acquires_before = timeline.kinds().count("GRANTED")
+        for pin, code, reason in ((3, grpc.StatusCode.INVALID_ARGUMENT, "UNKNOWN_DEVICE"),
+                                  (2, grpc.StatusCode.RESOURCE_EXHAUSTED, "NEVER_FITS")):  # device 2 has 1 MiB
+            try:
+                stub.StartTraining(request(tiny_models, dirs, steps=1, device_index=pin))
+                raise AssertionError(f"device {pin} was taken")
+            except grpc.RpcError as e:
+                assert e.code() == code and error_info(e).reason == reason, e.details()
+        assert len(stub.ListTrainingJobs(pb.ListTrainingJobsRequest()).jobs) == jobs_before  # no job was created
+        assert timeline.kinds().count("GRANTED") == acquires_before and broker.status().leases == []
+    finally:
+        channel.close()
+        proc.stop()

@@ -29,7 +29,9 @@ def start_training(msg: pb.StartTrainingRequest) -> StartTraining:
         warmup_steps=msg.warmup_steps, gradient_checkpointing=msg.gradient_checkpointing, seed=msg.seed,
         checkpoint_every=msg.checkpoint_every, sample_every=msg.sample_every,
         sample_prompts=tuple(msg.sample_prompts), adapter_id=msg.adapter_id, trigger_words=tuple(msg.trigger_words),
-        resume_job_id=msg.resume_job_id, priority=msg.priority, as_sent=json_format.MessageToJson(msg))
+        resume_job_id=msg.resume_job_id, priority=msg.priority,
+        device_index=msg.device_index if msg.HasField("device_index") else None,
+        as_sent=json_format.MessageToJson(msg))
 
 
 def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:

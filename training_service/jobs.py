@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.auth import ANONYMOUS, Caller
-from service_kit.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
 from service_kit.units import format_bytes
 from training_service import metrics
 from training_service.job_store import TERMINAL, JobRecord, JobStore
@@ -58,6 +58,7 @@ class JobManager:
         job_id = "job-" + uuid.uuid4().hex[:12]
         adapter_id = plan.recipe.adapter_id or job_id
         self._check_adapter_id_free(adapter_id)
+        device = await self._check_device(plan)
         recipe = replace(plan.recipe, adapter_id=adapter_id, adapter_store=str(self.adapter_store_root),
                          owner=caller.identity, checkpoint_minutes=self.checkpoint_minutes,
                          compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""))
@@ -71,16 +72,45 @@ class JobManager:
                             reason="the estimated peak of this job (its base on disk, resolution, batch and "
                                    "checkpointing), asked of the broker" if self.broker else
                                    "the estimated peak of this job; no broker, so nothing reserves it")
-        resolved = (*plan.resolved, estimate, self._checkpoints(recipe.checkpoint_every))
+        resolved = (*plan.resolved, estimate, *device, self._checkpoints(recipe.checkpoint_every))
         await self._append(record, "resolved", {"resolved": [r.to_dict() for r in resolved]})
         for r in resolved:  # a fallback is said on the stream too, where a watcher reading events sees it
             if r.status is Status.FELL_BACK:
                 await self._append(record, "warning", {
                     "reason": "SETTING_FELL_BACK",
                     "message": f"{r.control}: {r.requested or 'unset'} fell back to {r.applied}: {r.reason}"})
+        pin = plan.device_index if self.broker is not None else None
         self._runners[job_id] = asyncio.get_running_loop().create_task(self._run(record, plan.priority,
-                                                                                 plan.need_bytes))
+                                                                                 plan.need_bytes, pin))
         return record
+
+    async def _check_device(self, plan: TrainingPlan) -> tuple[Resolved, ...]:
+        """A job pinned to a device: the broker has it and it can hold the job, before the job exists. The
+        record says where the job asked to train."""
+        index = plan.device_index
+        if index is None:
+            return ()
+        if self.broker is None:
+            return (Resolved("device", str(index), "the service's own devices", Source.EXPLICIT, Status.FELL_BACK,
+                             "a device is placed and checked by the GPU broker, and this service runs without one: "
+                             "the trainer uses the devices the service sees"),)
+        import grpc
+
+        try:
+            devices = list((await self.broker.status()).devices)
+        except grpc.aio.AioRpcError as e:
+            raise Unavailable(f"the GPU broker cannot be asked ({e.code().name}); no job was created, retry",
+                              reason="BROKER_UNAVAILABLE") from e
+        if index >= len(devices):
+            raise InvalidArgument(f"device_index {index} does not exist; the broker has devices 0..{len(devices) - 1}",
+                                  reason="UNKNOWN_DEVICE", field="device_index")
+        total = devices[index].total_bytes
+        if plan.need_bytes > total:
+            raise ResourceExhausted(f"this job needs about {format_bytes(plan.need_bytes)} and device {index} has "
+                                    f"{format_bytes(total)} in all; ask for another device, or lower the resolution, "
+                                    "batch or base precision", reason="NEVER_FITS")
+        return (Resolved("device", str(index), f"device {index}", Source.EXPLICIT,
+                         reason="the job's lease is asked of this device only"),)
 
     def _checkpoints(self, every: int) -> Resolved:
         when = [f"every {every} steps"] if every else []
@@ -89,9 +119,9 @@ class JobManager:
         when.append("at stop, preemption and service drain")
         return Resolved("checkpoints", str(every), ", ".join(when), Source.EXPLICIT if every else Source.DEFAULT)
 
-    async def _run(self, record: JobRecord, priority: int, need_bytes: int) -> None:
+    async def _run(self, record: JobRecord, priority: int, need_bytes: int, device_index: int | None) -> None:
         try:
-            await self._run_leased(record, priority, need_bytes)
+            await self._run_leased(record, priority, need_bytes, device_index)
         except asyncio.CancelledError:  # stopped, or the service stopped, while this job still waited for the GPU
             if record.state not in TERMINAL:
                 why = ("stopped by StopTraining while waiting for the GPU; nothing ran"
@@ -106,7 +136,7 @@ class JobManager:
         finally:
             self._runners.pop(record.job_id, None)
 
-    async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int) -> None:
+    async def _run_leased(self, record: JobRecord, priority: int, need_bytes: int, device_index: int | None) -> None:
         """Lease (when a broker is configured), then the child; the lease is released when the child ends, and
         only then is the job's end recorded: a watcher that sees it finished finds the GPU given back."""
         lease_ctx, env = None, None
@@ -116,7 +146,7 @@ class JobManager:
             await self._append(record, "phase", {"phase": "waiting_for_gpu"})
             lease_ctx = self.broker.lease(
                 LeaseRequest(self.client_id, purpose=f"training {record.job_id} ({record.family})", priority=priority,
-                             memory_bytes=need_bytes, release_grace_s=60, batch=True),
+                             memory_bytes=need_bytes, release_grace_s=60, batch=True, device_index=device_index),
                 on_preempt=lambda event: self._suspend(record, event),
                 on_lost=lambda error: self._suspend_lease_lost(record),
                 on_yield=lambda yielding, event: self._yield(record, yielding, event))

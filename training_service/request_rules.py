@@ -39,6 +39,7 @@ RULES: dict[str, Rules] = {
                             pattern_says="1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"),
         "trigger_words": Limit(max_items=16, max_len=64, reason="BAD_VALUE"),
         "resume_job_id": _job_id,
+        "device_index": Limit(min=0, max=1023, reason="BAD_DEVICE_INDEX"),
     }),
     "diffusion.v1.WatchTrainingRequest": Rules({"job_id": _required_job_id, "from_sequence": Limit(min=0)}),
     "diffusion.v1.StopTrainingRequest": Rules({"job_id": _required_job_id}),

@@ -41,4 +41,5 @@ class StartTraining:
     trigger_words: tuple[str, ...] = ()
     resume_job_id: str = ""
     priority: int = 0
+    device_index: int | None = None  # the broker device to train on; None: any the broker grants
     as_sent: str = ""  # the request as the caller sent it (JSON), echoed back in TrainingJob.request

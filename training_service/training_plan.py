@@ -45,6 +45,7 @@ class TrainingPlan:
     resume_job_id: str
     resolved: tuple[Resolved, ...]
     request_json: str  # the request as sent, echoed in TrainingJob.request
+    device_index: int | None = None  # the broker device the job's lease is asked of; None: any
 
 
 def is_prequantized(base_dir: Path, family: FamilySpec) -> bool:
@@ -128,7 +129,7 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
         dataset_fingerprint=dataset.fingerprint(examples), adapter_id=req.adapter_id,
         trigger_words=list(req.trigger_words), hub_repo=hub_repo)
     return TrainingPlan(recipe, family, need, req.priority, req.resume_job_id,
-                        (*run.resolved, *defaults.records), req.as_sent)
+                        (*run.resolved, *defaults.records), req.as_sent, req.device_index)
 
 
 class _Defaults:
