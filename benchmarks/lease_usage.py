@@ -22,7 +22,6 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import grpc
 
 from benchmarks.bench_record import Recorder, host_description
 from benchmarks import inference_bench, training_bench
+from benchmarks.nvml_sampler import NvmlSampler, nvml_reader
 from benchmarks.training_bench import ensure_base, make_dataset
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from diffusion.v1 import common_pb2 as c
@@ -42,6 +42,10 @@ from service_kit.service_process import start_service
 
 GiB = 2**30
 
+# The modes of the two benches, so every mode they time is also checked against its lease.
+INFERENCE_MODES = inference_bench.MODES
+TRAINING_MODES = {k: v for k, v in training_bench.MODES.items() if k != "fp32" and not k.endswith("-warm")}
+
 
 def images_of(mode: str) -> tuple[str, int, int, int]:
     """(mode, width, height, images) of NAME[@WxH[:N]]; 0 images: one image under the family's default room."""
@@ -51,49 +55,6 @@ def images_of(mode: str) -> tuple[str, int, int, int]:
     size, _, count = shape.partition(":")
     width, height = map(int, size.lower().split("x"))
     return name, width, height, int(count or 1)
-# The modes of the two benches, so every mode they time is also checked against its lease.
-INFERENCE_MODES = inference_bench.MODES
-TRAINING_MODES = {k: v for k, v in training_bench.MODES.items() if k != "fp32" and not k.endswith("-warm")}
-
-
-class Sampler:
-    """NVML, every 50 ms: per process used bytes (peak since the last reset), and the device's used bytes."""
-
-    def __init__(self, index: int = 0):
-        import pynvml
-
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.lock = threading.Lock()
-        self.peaks: dict[int, int] = {}
-        self.device_peak = 0
-        self.stop = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def now(self) -> dict[int, int]:
-        procs = self.nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
-        return {p.pid: int(p.usedGpuMemory or 0) for p in procs}
-
-    def device_used(self) -> int:
-        return int(self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            procs, used = self.now(), self.device_used()
-            with self.lock:
-                for pid, b in procs.items():
-                    self.peaks[pid] = max(self.peaks.get(pid, 0), b)
-                self.device_peak = max(self.device_peak, used)
-            time.sleep(0.05)
-
-    def reset(self) -> None:
-        with self.lock:
-            self.peaks, self.device_peak = {}, 0
-
-    def peak(self, pids) -> int:
-        with self.lock:
-            return sum(self.peaks.get(p, 0) for p in pids)
 
 
 def lease_bytes(broker, client_id: str) -> int:
@@ -123,7 +84,10 @@ def main() -> None:
     data = make_dataset(args.workdir / f"data-{resolution}", resolution)
     record = Recorder("lease-usage", args.out, args.family,
                       "python -m benchmarks.lease_usage " + " ".join(sys.argv[1:]), host_description())
-    sampler = Sampler()
+    read = nvml_reader()
+    if read is None:
+        raise SystemExit("lease_usage reads NVML: run it on a GPU host")
+    sampler = NvmlSampler(read)
     baseline = sampler.device_used()
     broker_proc = start_service("gpu_broker", "--log-level", "WARNING")
     flags = ("--broker", broker_proc.address, "--log-level", "WARNING", "--model-root", str(args.workdir))
@@ -164,7 +128,7 @@ def main() -> None:
             used = sampler.peak([inference.proc.pid])
             record(f"inference {mode}", "usage_over_lease", used / lease if lease else float("inf"), "ratio",
                    used_gib=round(used / GiB, 2), lease_gib=round(lease / GiB, 2),
-                   device_peak_over_baseline_gib=round((sampler.device_peak - baseline) / GiB, 2))
+                   device_peak_over_baseline_gib=round((sampler.device_peak() - baseline) / GiB, 2))
             infer.Unload(ipb.UnloadRequest(model_id=model_id), timeout=300)
         after = sampler.now()
         record("after inference", "unleased_bytes", after.get(inference.proc.pid, 0) / GiB, "GiB",
@@ -202,9 +166,9 @@ def main() -> None:
             record(f"training {mode}", "usage_over_lease", used / lease if lease else float("inf"), "ratio",
                    used_gib=round(used / GiB, 2), lease_gib=round(lease / GiB, 2),
                    parent_gib=round(sampler.peak([training.proc.pid]) / GiB, 2),
-                   device_peak_over_baseline_gib=round((sampler.device_peak - baseline) / GiB, 2))
+                   device_peak_over_baseline_gib=round((sampler.device_peak() - baseline) / GiB, 2))
     finally:
-        sampler.stop.set()
+        sampler.close()
         for proc in (training, inference, broker_proc):
             proc.stop()
     print(f"done in {time.monotonic() - started:.0f}s; pid namespace {os.getpid()}", flush=True)
