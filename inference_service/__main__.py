@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "refused. Default: the Hugging Face cache and ~/.local/share/diffusion-services/models")
     p.add_argument("--lora-max-rank", type=int, default=64,
                    help="the highest adapter rank a compiled model can hotswap without recompiling")
-    p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call")
+    p.add_argument("--warmup-resolution", type=int, default=1024, help="resolution of the compile warm-up call (cut to what the model's lease covers)")
     p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM, how long running and queued generations have to finish (new ones answer "
                         "UNAVAILABLE meanwhile)")

@@ -13,6 +13,8 @@ Pure: no torch here.
 """
 from __future__ import annotations
 
+import math
+
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.resolved import Resolved, Source
 from service_kit.errors import FailedPrecondition
@@ -41,6 +43,12 @@ def resolve(requested: int, family: FamilySpec, compute_bits: float = 16) -> tup
 def extra_bytes(pixels: int, compute_bits: float = 16) -> int:
     """What a room of `pixels` adds to a lease over the measured one-image headroom."""
     return int(max(0, pixels - MEASURED_PIXELS) * BYTES_PER_PIXEL * compute_bits / 16)
+
+
+def warmup_side(asked: int, room: int) -> int:
+    """The compile warm-up's side: the service's --warmup-resolution, within what the lease covers (the room, and
+    never less than the measured one-image headroom)."""
+    return min(asked, math.isqrt(max(room, MEASURED_PIXELS)))
 
 
 def check(width: int, height: int, room: int, model_id: str) -> None:

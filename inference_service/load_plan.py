@@ -97,7 +97,8 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
                 keep_alive_record]
     return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
                     speed=speed, device=device, quant_min_features=settings.quant_min_features,
-                    compile_backend=settings.compile_backend, warmup_resolution=settings.warmup_resolution,
+                    compile_backend=settings.compile_backend,
+                    warmup_resolution=image_room.warmup_side(settings.warmup_resolution, pixels),
                     resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank,
                     lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive, pixels_per_call=pixels)
 

@@ -134,3 +134,22 @@ def test_the_lease_bench_names_the_images_its_room_is_for(mode, parsed):
     from benchmarks.lease_usage import images_of
 
     assert images_of(mode) == parsed
+
+
+@pytest.mark.parametrize("asked, room, side", [
+    (1024, MI, 1024), (64, MI, 64), (2048, MI, 1024),  # a warm-up larger than the lease covers is cut to it
+    (2048, 4 * MI, 2048), (1024, 512 * 512, 1024),  # the lease never covers less than one 1024x1024 image
+])
+def test_the_compile_warm_up_stays_within_the_lease(asked, room, side):
+    from pathlib import Path
+
+    from inference_service.load_plan import EngineSettings, plan_load
+    from inference_service.model_source import SourceFiles
+    from inference_service.requests import LoadRequest
+    from tests.inference_service.test_policies import FLUX_PARAMS, H200
+
+    assert image_room.warmup_side(asked, room) == side
+    source = SourceFiles("local_dir", Path("/nowhere"), FAMILIES["flux1"], params=FLUX_PARAMS)
+    plan = plan_load(LoadRequest(model_id="m", source=None, speed_mode=c.SPEED_MODE_DEFAULT, max_pixels_per_call=room),
+                     source, H200, EngineSettings(warmup_resolution=asked))
+    assert plan.warmup_resolution == side and plan.pixels_per_call == room
