@@ -773,7 +773,11 @@ class LeaseBook:
                 self._positions_moved(now)
             if priority < INT32_MAX:
                 steps = math.floor((now - waiter.arrived_at) / aging) + 1
-                heapq.heappush(self._aging, (waiter.arrived_at + aging * steps, entry[1], entry[2]))
+                due = waiter.arrived_at + aging * steps
+                while due <= now:  # the division can round one step short: the next step must lie after now
+                    steps += 1
+                    due = waiter.arrived_at + aging * steps
+                heapq.heappush(self._aging, (due, entry[1], entry[2]))
 
     def _transition(self, now: float, kind: TransitionKind, **fields) -> None:
         self._sequence += 1

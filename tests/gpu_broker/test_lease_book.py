@@ -117,6 +117,26 @@ def test_next_deadline_covers_preempt_and_aging():
     assert b2.next_deadline(5) == 12
 
 
+@pytest.mark.parametrize("arrived, aging, steps", [
+    (65.16, 0.3, 7), (11.79187, 0.1, 31), (48.785666, 1.0, 28), (92.2, 5.0, 12), (0.0, 2.0, 3),
+])
+def test_a_tick_on_an_aging_step_in_floating_point_returns(arrived, aging, steps):
+    """A tick at a waiter's arrival plus whole aging steps, where floating point puts the next step computed from
+    the division at or before the tick: the aging loop re-pushed the same due time forever (found by the invariants
+    test below) and the broker's event loop would have spun."""
+    import threading
+
+    b = book(aging_interval_s=aging)
+    b.submit(spec("holder", prio=9), 0)
+    waiter = b.submit(spec("waiter", prio=0), arrived)
+    now = arrived + aging * steps
+    done = threading.Event()
+    threading.Thread(target=lambda: (b.tick(now), done.set()), daemon=True).start()
+    assert done.wait(5), "tick() did not return"
+    assert b._waiters[waiter].effective_priority >= steps - 1
+    assert b.next_deadline(now) > now
+
+
 # ---- invariants under random operation sequences ---------------------------------------------
 
 op = st.one_of(
