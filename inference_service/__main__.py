@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache, so a restart does not pay the full compile again")
+    p.add_argument("--aot-blocks", action="store_true",
+                   help="compiled loads keep the repeated blocks' graphs, compiled ahead of time, under the compile "
+                        "cache and load them instead of tracing again (a faster second-process warm-up)")
     p.add_argument("--quant-min-features", type=int, default=1024,
                    help="quantise only linear layers with at least this many input and output features")
     p.add_argument("--adapter-store", type=Path, default=default_data_dir() / "adapters",
@@ -86,7 +89,8 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
         probe_free = lambda index: torch.cuda.mem_get_info(index)[0]  # noqa: E731
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
                                                    args.lora_max_rank, args.keep_alive, args.busy_linger,
-                                                   args.prompt_cache_mib * 2**20),
+                                                   args.prompt_cache_mib * 2**20,
+                                                   str(args.compile_cache_dir / "aot-blocks") if args.aot_blocks else ""),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
                              reload_on_demand=args.reload_on_demand,

@@ -600,9 +600,11 @@ class InferenceEngine:
 
                 if model.built.offload is not None:
                     model.built.offload.take()  # moves of a generation that failed are not this one's
+                aot = model.built.aot
                 adapter_records = await loop.run_in_executor(self._worker, partial(
                     lora_runtime.apply_adapters, model.built.pipe, self.adapters, spec.adapters, model.lora,
-                    self.client_id, model.plan.speed.compile))
+                    self.client_id, model.plan.speed.compile,
+                    on_first_adapter=aot.uninstall if aot is not None and aot.installed else None))
                 out = await loop.run_in_executor(self._worker, partial(
                     generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
                     model.plan.speed.inference_mode, model.plan.memory.vae_tiling, model.built.prompt_cache))
@@ -617,6 +619,7 @@ class InferenceEngine:
                 job.running = False
         self._measure(model, spec, out.denoise_s)
         moves = model.built.offload.take() if model.built.offload is not None else None
+        aot_misses = model.built.aot.take_misses() if model.built.aot is not None else 0
         # Encoding runs off the GPU worker, so the next generation can start meanwhile.
         job.events.put_nowait(GenerationEvent("encoding_images"))
         t_enc = time.perf_counter()
@@ -635,6 +638,7 @@ class InferenceEngine:
                                    *filter(None, [out.prompt_encoding, out.step_cache, out.images_per_call,
                                                   out.batch_split, out.retrace,
                                                   moves and pinned_offload.moves_record(moves),
+                                                  aot_misses and model.built.aot.miss_record(aot_misses),
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)

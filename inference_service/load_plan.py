@@ -29,6 +29,7 @@ class EngineSettings:
     keep_alive_s: float = -1.0  # --keep-alive: how long an idle model stays loaded when a Load does not say
     busy_linger_s: float = 0.5  # --busy-linger: how long the lease stays marked busy after the queue empties
     prompt_cache_bytes: int = 1 << 30  # --prompt-cache-mib: host memory for repeated prompts' embeddings; 0 off
+    aot_blocks_dir: str = ""  # --aot-blocks: where compiled blocks' graphs are kept across processes; "" off
 
 
 @dataclass
@@ -52,6 +53,7 @@ class LoadPlan:
     quantize_on_device: bool = True  # move the dense weights to the device before quantising them
     keep_alive_s: float | None = None  # idle seconds before the model is unloaded; None: never
     pixels_per_call: int = image_room.MEASURED_PIXELS  # the image room its lease is planned for (image_room)
+    aot_dir: str = ""  # compiled loads: where the blocks' ahead-of-time graphs are kept (aot_blocks); "" off
 
 
 def check_request(req: LoadRequest) -> None:
@@ -100,7 +102,8 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
                     compile_backend=settings.compile_backend,
                     warmup_resolution=image_room.warmup_side(settings.warmup_resolution, pixels),
                     resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank,
-                    lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive, pixels_per_call=pixels)
+                    lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive, pixels_per_call=pixels,
+                    aot_dir=settings.aot_blocks_dir if speed.compile else "")
 
 
 def _quantise_where(source: SourceFiles, dtype: Precision, quant: QuantChoice, memory: MemoryPlan,

@@ -11,6 +11,7 @@ Two strategies, chosen by whether the denoiser is compiled:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from diffusion_kit.adapter_store import WEIGHTS, AdapterStore
 from diffusion_kit.families import FamilySpec
@@ -48,10 +49,11 @@ def check_adapters(store: AdapterStore | None, uses, family: FamilySpec, compile
 
 
 def apply_adapters(pipe, store: AdapterStore | None, uses, state: LoraState, holder: str,
-                   compiled: bool) -> list[Resolved]:
-    """Runs on the GPU worker before the pipeline call."""
+                   compiled: bool, on_first_adapter: Callable[[], None] | None = None) -> list[Resolved]:
+    """Runs on the GPU worker before the pipeline call. `on_first_adapter`: called before a compiled model's first
+    adapter changes its blocks (graphs compiled ahead of time give way to the regular compile)."""
     if compiled:
-        return _apply_hotswap(pipe, store, uses, state, holder)
+        return _apply_hotswap(pipe, store, uses, state, holder, on_first_adapter)
     records = []
     for use in uses:
         if use.adapter_id not in state.loaded:
@@ -70,7 +72,8 @@ def apply_adapters(pipe, store: AdapterStore | None, uses, state: LoraState, hol
     return records
 
 
-def _apply_hotswap(pipe, store: AdapterStore, uses, state: LoraState, holder: str) -> list[Resolved]:
+def _apply_hotswap(pipe, store: AdapterStore, uses, state: LoraState, holder: str,
+                   on_first_adapter: Callable[[], None] | None) -> list[Resolved]:
     if not uses:
         if state.slot_adapter is not None:
             _set_slot_weight(pipe, 0.0)  # weight 0 is the base image exactly, with no graph change
@@ -79,9 +82,12 @@ def _apply_hotswap(pipe, store: AdapterStore, uses, state: LoraState, holder: st
     records = []
     path = str(store.path(use.adapter_id))
     if state.slot_adapter is None:
+        if on_first_adapter is not None:
+            on_first_adapter()
         pipe.load_lora_weights(path, weight_name=WEIGHTS, adapter_name=SLOT)
         records.append(Resolved("adapter_hotswap", "on", "on", Source.AUTO, Status.APPLIED,
-                                "first adapter on this compiled model: the blocks recompile once"))
+                                "first adapter on this compiled model: the blocks recompile once" +
+                                (" (their graphs compiled ahead of time hold no adapter)" if on_first_adapter else "")))
     elif state.slot_adapter != use.adapter_id:
         pipe.load_lora_weights(path, weight_name=WEIGHTS, adapter_name=SLOT, hotswap=True)
         store.unpin(state.slot_adapter, holder)

@@ -15,7 +15,7 @@ from typing import Callable
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import backend_flags
+from inference_service import aot_blocks, backend_flags
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
@@ -34,6 +34,7 @@ class BuiltPipeline:
     limits: ModelLimits = field(default_factory=lambda: ModelLimits(16, 4096, 4096))
     prompt_cache: PromptCache | None = None  # repeated prompts skip the text encoders (engine-installed)
     offload: PinnedOffload | None = None  # the low_vram tier's model moves
+    aot: aot_blocks.AotBlocks | None = None  # the blocks' graphs compiled ahead of time (--aot-blocks)
 
     @property
     def size_multiple(self) -> int:
@@ -103,10 +104,19 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     if speed.compile:
         if hasattr(pipe, "enable_lora_hotswap"):  # must precede compile: adapters then swap without recompiling
             pipe.enable_lora_hotswap(target_rank=plan.lora_max_rank)
-        on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
-        getattr(pipe, family.denoiser).compile_repeated_blocks(
-            fullgraph=True, dynamic=True, backend=plan.compile_backend,
-            **({"options": speed.compile_options} if speed.compile_options else {}))
+        denoiser = getattr(pipe, family.denoiser)
+
+        def regional() -> None:
+            denoiser.compile_repeated_blocks(fullgraph=True, dynamic=True, backend=plan.compile_backend,
+                                             **({"options": speed.compile_options} if speed.compile_options else {}))
+
+        if plan.aot_dir:
+            built.aot = _ahead_of_time(pipe, plan, built, regional, on_phase, resolved)
+        if built.aot is None:
+            on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
+            regional()
+        else:  # the graphs were traced on ordinary tensors: generations run under no_grad
+            built.plan = plan = replace(plan, speed=replace(speed, inference_mode=False))
         vae_compile = vae_decoder_compile(family.key, True, speed.mode)
         resolved.append(vae_compile)
         if vae_compile.applied == "on":
@@ -117,13 +127,18 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
                             f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
         t0 = time.perf_counter()
         traced = warm_up(pipe, family, built.size_multiple, plan.warmup_resolution,
-                         decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES)
+                         decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES,
+                         inference_mode=plan.speed.inference_mode)
         built.compile_warmup_s = time.perf_counter() - t0
-        resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO,
-                                 reason=f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some "
-                                        "families' blocks tell one image from several); a warm compile cache spares "
-                                        "the next process the inductor compile, not the tracing (measured: "
-                                        "docs/bench/inference.md)"))
+        if built.aot is not None:
+            misses = built.aot.take_misses()
+            why = (f"calls of one image and of two on the blocks' graphs compiled ahead of time ({traced[0]} and "
+                   f"{traced[1]} other graphs traced; {misses} block calls no graph covered)")
+        else:
+            why = (f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some families' blocks "
+                   "tell one image from several); a warm compile cache spares the next process the inductor compile, "
+                   "not the tracing (measured: docs/bench/inference.md)")
+        resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO, reason=why))
     elif speed.mode != "off":
         resolved.append(vae_decoder_compile(family.key, False, speed.mode))
     return built
@@ -242,6 +257,34 @@ def _offload_models(pipe, device: str) -> tuple[PinnedOffload | None, list[Resol
     return offload, [offload.record()]
 
 
+def _ahead_of_time(pipe, plan: LoadPlan, built: BuiltPipeline, regional: Callable[[], None],
+                   on_phase: Callable[[str, str], None], resolved: list[Resolved]) -> aot_blocks.AotBlocks | None:
+    """The blocks' graphs from disk, or compiled ahead of time and saved; None (said in the record) where they
+    cannot be, and the regular regional compile runs instead."""
+    from pathlib import Path
+
+    family = plan.family
+    on_phase("compiling", "the repeated blocks' graphs compiled ahead of time: loading them, or compiling and saving")
+    flags = backend_flags.snapshot()
+    env = aot_blocks.environment(plan.device, {
+        "backend": plan.compile_backend, "options": sorted((k, str(v)) for k, v in plan.speed.compile_options.items()),
+        "speed": plan.speed.mode, "tf32": flags.cuda_matmul_tf32, "cudnn_benchmark": flags.cudnn_benchmark,
+        "size_oblivious": flags.size_oblivious, "duck_shape": flags.duck_shape})
+
+    def capture() -> None:
+        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution, batches=WARM_UP_BATCHES,
+                inference_mode=False)
+
+    try:
+        aot = aot_blocks.install(getattr(pipe, family.denoiser), Path(plan.aot_dir), env, capture,
+                                 plan.compile_backend, plan.speed.compile_options, regional)
+    except aot_blocks.AotUnavailable as e:
+        resolved.append(aot_blocks.fell_back(e.why))
+        return None
+    resolved.append(aot.record())
+    return aot
+
+
 def compile_decoder(vae, backend: str) -> None:
     """The decoder's forward compiled, its weights channels-last: the module's own call (and so the service's
     cancel hook on it) stays eager around the compiled graph. dynamic=True: one graph for every image size.
@@ -263,7 +306,7 @@ def _decode_one_at_a_time(vae, resolved: list[Resolved]) -> None:
 
 
 def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool = False,
-            batches: tuple[int, ...] = (1,)) -> list[int]:
+            batches: tuple[int, ...] = (1,), inference_mode: bool = True) -> list[int]:
     """The calls that compile the blocks: 2 steps of about `resolution`**2 pixels in all, one call per image
     count in `batches`;
     with `decode`, the VAE decoder too (the pipeline's own decode), else latent output. Returns the graphs each
@@ -279,7 +322,7 @@ def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool 
         side = int(resolution / n ** 0.5)
         size = max(multiple, side // multiple * multiple)
         before = counters["stats"]["unique_graphs"]
-        with torch.inference_mode():
+        with torch.inference_mode() if inference_mode else torch.no_grad():
             pipe(**kwargs, height=size, width=size, num_images_per_prompt=n,
                  generator=[torch.Generator("cpu").manual_seed(i) for i in range(n)])
         traced.append(counters["stats"]["unique_graphs"] - before)

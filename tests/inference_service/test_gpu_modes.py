@@ -81,3 +81,33 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
     if fields.get("memory_mode") in (c.MEMORY_MODE_LOW_VRAM, c.MEMORY_MODE_SEQUENTIAL):
         assert np.array_equal(out, base) or np.abs(out - base).max() <= 3  # offload moves weights, not values
 
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family", ["zimage", "flux1"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_blocks_compiled_ahead_of_time_load_in_a_second_process(tiny_models, tmp_path, family, precision):
+    """--aot-blocks on CUDA: the first service compiles and saves the blocks' graphs (or says why it cannot, as
+    an fp8 transformer's tensor subclasses may not serialise), the second loads them and makes the same pixels."""
+    from service_kit.service_process import start_service
+
+    fields = dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT,
+                  **({"transformer_precision": c.PRECISION_FP8} if precision == "fp8" else {}))
+    images, said = [], []
+    for _ in range(2):
+        proc = start_service("inference_service", "--quant-min-features", "16", "--warmup-resolution", "64",
+                             "--compile-cache-dir", str(tmp_path), "--aot-blocks", *MODEL_ROOTS, timeout=300)
+        client = InferenceClient(proc.address)
+        try:
+            s = settings(client.load("m", tiny_models[family], **fields))
+            said.append(s["compile_ahead_of_time"])
+            images.append(pixels(result_of(client.generate("m", seeds=[5]))))
+        finally:
+            client.close()
+            proc.stop()
+    first, second = said
+    if first.status == c.SETTING_STATUS_FELL_BACK:  # it could not: said, and remembered by the second process
+        assert "earlier load" in second.reason and second.status == c.SETTING_STATUS_FELL_BACK, second.reason
+    else:
+        assert "compiled and saved" in first.applied and "loaded from disk" in second.applied, (first, second)
+    assert np.array_equal(images[0], images[1])

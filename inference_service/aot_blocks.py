@@ -1,0 +1,306 @@
+"""The denoiser's repeated blocks compiled ahead of time: traced and compiled once, saved to disk, and loaded
+by later processes in place of tracing them again.
+
+A compiled load's second-process warm-up was mostly dynamo tracing the blocks again (the persistent inductor
+cache spares only the code generation; docs/bench/compile_warmup_probe.jsonl). With `--aot-blocks`, a compiled
+load looks for artifacts keyed on each block's structure (its modules' types and settings, its parameters'
+names, shapes and dtypes), the software (torch, triton, diffusers, Python), the device and the compile settings.
+Found, they are loaded and installed as the blocks' compiled call. Missing, one eager call of each of the
+warm-up's shapes (one image, then two) captures every distinct block's inputs, each is compiled with dynamo's
+`aot_compile` (inductor, dynamic shapes, fullgraph), saved, and installed; a shape that an earlier graph of the
+block already covers compiles nothing more.
+
+What keeps a loaded graph honest: every guard that can be written to disk is kept and checked on each call
+(tensor dtypes, devices, dispatch keys and symbolic shapes, parameters included; grad mode and global state;
+module types, constants and dictionary keys), and only identity guards, which name objects of the process that
+traced them, are dropped. A call that no graph of its block covers runs the block eagerly, and is counted (the
+generation's record says so). The blocks run under no_grad, not inference_mode: the graphs are traced on
+ordinary tensors, whose dispatch keys inference tensors do not share.
+
+An artifact that will not load (another torch, a torn file) is compiled again; a block that cannot be compiled
+ahead of time leaves a marker with the error, and every load of it uses the regular regional compile, saying why.
+An adapter changes the blocks' structure: the first one uninstalls the graphs and compiles the blocks the
+regular way (inference_service.lora_runtime), as a compiled model's first adapter always recompiled.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from diffusion_kit.resolved import Resolved, Source, Status
+
+log = logging.getLogger("inference_service.aot_blocks")
+
+CONTROL = "compile_ahead_of_time"
+FAILED = "failed.json"  # in a block's folder: it could not be compiled ahead of time, and why
+META = "meta.json"  # in a block's folder, written last: its graphs are complete
+
+
+def signature(block) -> str:
+    """A block's structure: every submodule's name and type, and every parameter's and buffer's name, shape, dtype,
+    device type and tensor type. Blocks of one structure share a folder of graphs; a setting the forward reads
+    (a head count, a layer's flag) is a guard of the graph, so blocks that differ in one get graphs of their own."""
+    parts = [(name, type(module).__module__ + "." + type(module).__qualname__) for name, module in block.named_modules()]
+    for name, tensor in [*block.named_parameters(), *block.named_buffers()]:
+        parts.append((name, tuple(tensor.shape), str(tensor.dtype), tensor.device.type, type(tensor).__qualname__))
+    return json.dumps(parts)
+
+
+def environment(device: str, settings: dict) -> dict:
+    """The software, device and compile settings a graph was made under: any change compiles anew."""
+    import diffusers
+    import torch
+
+    env = {"torch": torch.__version__, "torch_git": torch.version.git_version, "diffusers": diffusers.__version__,
+           "python": sys.version.split()[0], **settings}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = ""
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        env["device"] = f"{torch.cuda.get_device_name(index)} sm_{''.join(map(str, torch.cuda.get_device_capability(index)))}"
+    else:
+        env["device"] = device
+    return env
+
+
+def key_of(block_signature: str, env: dict) -> str:
+    return hashlib.sha256(json.dumps([block_signature, env], sort_keys=True).encode()).hexdigest()[:32]
+
+
+def keep_serialisable_guards(entries) -> list[bool]:
+    """Every guard but those that cannot be written to disk: identity guards (ids of this process's objects) and
+    guards on globals."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not g.is_global and g.guard_type not in unsupported and not set(g.derived_guard_types) & unsupported
+            for g in entries]
+
+
+def _has_hooks(module) -> bool:
+    """Hooks on the block, or on every module: the graphs hold the forward alone, so such a call runs eagerly."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
+                or module._backward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_backward_pre_hooks or nn_module._global_backward_hooks)
+
+
+class _Dispatch:
+    """A block's compiled call: the first graph whose guards pass, else the block's eager call (counted)."""
+
+    def __init__(self, block, graphs: list, misses: list[int]):
+        self.block, self.graphs, self.misses = block, graphs, misses
+
+    def __call__(self, *args, **kwargs):
+        if not _has_hooks(self.block):
+            for graph in self.graphs:
+                if graph.guard_check(self.block, *args, **kwargs):
+                    return graph(self.block, *args, **kwargs)
+        self.misses[0] += 1
+        return self.block._call_impl(*args, **kwargs)
+
+
+@dataclass
+class AotBlocks:
+    """The graphs installed on one denoiser's blocks."""
+    blocks: list
+    graphs: int
+    loaded: int  # graphs read from disk (the rest were compiled by this load)
+    seconds: float
+    fallback: Callable[[], None]  # the regular regional compile, for when the graphs no longer fit the blocks
+    misses: list[int] = field(default_factory=lambda: [0])
+    installed: bool = True
+
+    def take_misses(self) -> int:
+        count, self.misses[0] = self.misses[0], 0
+        return count
+
+    def uninstall(self) -> None:
+        """Back to the regular regional compile (traced at the next call)."""
+        if not self.installed:
+            return
+        for block in self.blocks:
+            block._compiled_call_impl = None
+        self.installed = False
+        self.fallback()
+
+    def record(self) -> Resolved:
+        how = (f"{self.loaded} graph(s) loaded from disk" if self.loaded == self.graphs else
+               f"{self.graphs - self.loaded} graph(s) compiled and saved" +
+               (f", {self.loaded} loaded" if self.loaded else ""))
+        return Resolved(CONTROL, "on", f"{how} in {self.seconds:.1f}s", Source.EXPLICIT,
+                        reason=f"{len(self.blocks)} repeated blocks run graphs compiled ahead of time; guards are "
+                               "checked on every call, and a call no graph covers runs eagerly and is said in the "
+                               "generation's record")
+
+    def miss_record(self, misses: int) -> Resolved:
+        return Resolved(CONTROL, "on", f"{misses} block call(s) ran eagerly", Source.AUTO, Status.FELL_BACK,
+                        reason="no graph compiled ahead of time covered these calls' inputs (their guards failed); "
+                               "they ran uncompiled")
+
+
+class AotUnavailable(Exception):
+    def __init__(self, why: str, remembered: bool = False):
+        super().__init__(why)
+        self.why = f"an earlier load could not compile these blocks ahead of time: {why}" if remembered else why
+
+
+def fell_back(why: str) -> Resolved:
+    return Resolved(CONTROL, "on", "off", Source.EXPLICIT, Status.FELL_BACK,
+                    reason=f"{why}; the blocks use the regular regional compile (traced in this process)")
+
+
+def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
+            fallback: Callable[[], None]) -> AotBlocks:
+    """Loads or compiles every repeated block's graphs and installs them. `capture()` runs the warm-up's calls
+    eagerly under no_grad; it is called only when some block has no graphs on disk. Raises AotUnavailable (with
+    the reason) where a block cannot be compiled ahead of time; nothing is installed then."""
+    t0 = time.perf_counter()
+    names = getattr(denoiser, "_repeated_blocks", None) or ()
+    blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
+    groups: dict[str, list] = {}
+    for block in blocks:
+        groups.setdefault(signature(block), []).append(block)
+    folders = {sig: directory / key_of(sig, env) for sig in groups}
+    for sig, folder in folders.items():
+        if (folder / FAILED).exists():
+            raise AotUnavailable(json.loads((folder / FAILED).read_text())["error"], remembered=True)
+    graphs: dict[str, list] = {}
+    loaded = 0
+    for sig, folder in folders.items():
+        found = _load(folder)
+        if found is not None:
+            graphs[sig] = found
+            loaded += len(found)
+    missing = {sig: groups[sig] for sig in groups if sig not in graphs}
+    if missing:
+        inputs = _capture_inputs(missing, capture)
+        for sig in missing:
+            graphs[sig] = _compile_and_save(inputs[sig], folders[sig], env, backend, options)
+    misses = [0]
+    for sig, members in groups.items():
+        for block in members:
+            block._compiled_call_impl = _Dispatch(block, graphs[sig], misses)
+    count = sum(len(g) for g in graphs.values())
+    return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses)
+
+
+def _load(folder: Path) -> list | None:
+    """The folder's graphs; None when it has none yet. Graphs that will not load (the folder is written whole,
+    under a key that names the software, so this is not a torn file or another torch) are remembered as a
+    failure, and the regular compile is used from then on."""
+    import torch
+
+    if not (folder / META).exists():
+        return None
+    try:
+        count = json.loads((folder / META).read_text())["graphs"]
+        graphs = []
+        for i in range(count):
+            with (folder / f"{i}.bin").open("rb") as f:
+                graph = torch.compiler.load_compiled_function(f)
+            graph.disable_guard_check()  # checked by _Dispatch, once per call
+            graphs.append(graph)
+        return graphs
+    except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
+        error = f"its saved graphs would not load: {type(e).__name__}: {str(e)[:300]}"
+        log.warning("ahead-of-time graphs not loaded", extra={"fields": {
+            "event": "aot_blocks.unreadable", "folder": str(folder), "error": error}})
+        (folder / FAILED).write_text(json.dumps({"error": error}))
+        raise AotUnavailable(error) from e
+
+
+def _input_key(args, kwargs) -> tuple:
+    """What a block call's guards can tell apart: each input's shape, dtype, device and layout, or its value."""
+    import torch
+
+    def one(value):
+        if torch.is_tensor(value):
+            return ("tensor", tuple(value.shape), str(value.dtype), value.device.type, value.is_contiguous())
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, tuple(one(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple((k, one(v)) for k, v in sorted(value.items())))
+        return ("value", repr(value)[:64])
+
+    return one(args), one(kwargs)
+
+
+def _capture_inputs(groups: dict[str, list], capture: Callable[[], None]) -> dict[str, list]:
+    """Per structure, every distinct input the warm-up's calls give its blocks: [(args, kwargs, blocks that were
+    called with inputs of that kind)]. Blocks of one structure may sit at different stages of the model (a
+    refiner and the main stack) and take different inputs."""
+    seen: dict[str, dict] = {sig: {} for sig in groups}
+
+    def hook_for(sig):
+        def hook(module, args, kwargs):
+            entry = seen[sig].setdefault(_input_key(args, kwargs), (args, kwargs, []))
+            if not any(module is m for m in entry[2]):
+                entry[2].append(module)
+        return hook
+
+    handles = [block.register_forward_pre_hook(hook_for(sig), with_kwargs=True)
+               for sig, members in groups.items() for block in members]
+    try:
+        capture()
+    finally:
+        for h in handles:
+            h.remove()
+    for sig, calls in seen.items():
+        if not calls:
+            raise AotUnavailable(f"the warm-up never called block {type(groups[sig][0]).__name__}")
+    return {sig: list(calls.values()) for sig, calls in seen.items()}
+
+
+def _compile_and_save(calls: list, folder: Path, env: dict, backend: str, options: dict) -> list:
+    """Graphs until every block of one structure is covered at every kind of input it was called with."""
+    import torch
+
+    block = calls[0][2][0]
+    graphs = []
+    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for args, kwargs, members in calls:
+            for member in members:
+                with torch.no_grad():
+                    if any(g.guard_check(member, *args, **kwargs) for g in graphs):
+                        continue
+                    # enable_aot_compile: off by default in torch 2.11 (the GPU image's), on in later releases;
+                    # specialize_float: a float traced as a symbol asks for a restart aot_compile cannot make.
+                    with torch._dynamo.config.patch(enable_aot_compile=True, specialize_float=True):
+                        graph = torch.compile(type(member).forward, fullgraph=True, dynamic=True, backend=backend,
+                                              options={**options, "guard_filter_fn": keep_serialisable_guards}
+                                              ).aot_compile(((member, *args), kwargs))
+                graph.save_compiled_function(str(staging / f"{len(graphs)}.bin"))
+                graph.disable_guard_check()
+                graphs.append(graph)
+    except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
+        shutil.rmtree(staging, ignore_errors=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+        (folder / FAILED).write_text(json.dumps({"error": error, "block": type(block).__name__, "env": env}))
+        raise AotUnavailable(error) from e
+    (staging / META).write_text(json.dumps({"graphs": len(graphs), "block": type(block).__name__, "env": env,
+                                            "created": time.time()}, indent=1))
+    try:
+        staging.rename(folder)
+    except OSError:  # another process saved the same graphs first: theirs stay
+        shutil.rmtree(staging, ignore_errors=True)
+    return graphs

@@ -1,0 +1,140 @@
+"""Blocks compiled ahead of time (--aot-blocks), with inductor on the CPU: a first service compiles and saves the
+tiny Z-Image's block graphs, a second process loads them without tracing and makes the same bytes; a call no
+graph covers runs eagerly and is counted; a backend that cannot save graphs falls back, and remembers why; and a
+compiled model's first adapter gives the blocks back to the regular compile."""
+import numpy as np
+import pytest
+import torch
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import inference_pb2 as pb
+from diffusion_kit.adapter_store import AdapterStore
+from service_kit.service_process import start_service
+from tests.inference_service.harness import InferenceClient, decode, result_of
+from tests.inference_service.lora_helper import publish_random_adapter
+
+FLAGS = [f for f in InferenceClient.TEST_FLAGS if f not in ("--compile-backend", "aot_eager", "--compile-cache-dir",
+                                                            "/tmp/diffusion-services-test-inductor")]
+
+
+def record(events, control: str):
+    return {r.control: r for r in events[-1].result.resolved}[control]
+
+
+def pixels(generation) -> np.ndarray:
+    return np.asarray(decode(generation.images[0])).astype(int)
+
+
+@pytest.fixture(scope="module")
+def store(tiny_models, tmp_path_factory):
+    store = AdapterStore(tmp_path_factory.mktemp("adapters"))
+    publish_random_adapter(store, "zimage", tiny_models["zimage"], "z-style", seed=1)
+    return store
+
+
+def service(cache, store):
+    return start_service("inference_service", *FLAGS, "--compile-backend", "inductor", "--compile-cache-dir",
+                         str(cache), "--aot-blocks", "--adapter-store", str(store.root), timeout=180)
+
+
+def test_a_second_process_loads_the_graphs_and_makes_the_same_image(tiny_models, store, tmp_path):
+    cache = tmp_path / "cache"
+    first = service(cache, store)
+    client = InferenceClient(first.address)
+    try:
+        made = record(client.load("z", tiny_models["zimage"], speed_mode=c.SPEED_MODE_DEFAULT), "compile_ahead_of_time")
+        assert "compiled and saved" in made.applied and made.status == c.SETTING_STATUS_APPLIED
+        compiled = result_of(client.generate("z", seeds=[3]))
+        assert not [r for r in compiled.result.resolved  # no block call ran eagerly
+                    if r.control == "compile_ahead_of_time" and r.status == c.SETTING_STATUS_FELL_BACK]
+        client.load("z-off", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
+        eager = result_of(client.generate("z-off", seeds=[3]))
+    finally:
+        client.close()
+        first.stop()
+    assert any((cache / "aot-blocks").iterdir())
+    second = service(cache, store)
+    client = InferenceClient(second.address)
+    try:
+        events = client.load("z", tiny_models["zimage"], speed_mode=c.SPEED_MODE_DEFAULT)
+        loaded = record(events, "compile_ahead_of_time")
+        assert "loaded from disk" in loaded.applied
+        assert "(0 and 0 other graphs traced; 0 block calls" in record(events, "compile_warmup").reason
+        again = result_of(client.generate("z", seeds=[3]))
+        assert np.array_equal(pixels(again), pixels(compiled))  # the same graphs, the same pixels
+        assert np.abs(pixels(again) - pixels(eager)).max() <= 2  # and within rounding of eager
+
+        base = again
+        adapted = result_of(client.generate("z", seeds=[3], adapters=[pb.AdapterRef(adapter_id="z-style", weight=1.0)]))
+        hotswap = {r.control: r for r in adapted.result.resolved}["adapter_hotswap"]
+        assert "hold no adapter" in hotswap.reason
+        assert "compile_trace" in {r.control for r in adapted.result.resolved}  # the regular compile traced
+        assert not np.array_equal(pixels(adapted), pixels(base))  # the adapter reaches the image
+    finally:
+        client.close()
+        second.stop()
+
+
+def _build(tiny_models, directory, backend):
+    from diffusion_kit.host_caps import probe_host
+    from diffusion_kit.path_roots import Roots
+    from inference_service import convert, pipeline_builder
+    from inference_service.load_plan import EngineSettings, plan_load
+    from inference_service.model_source import resolve_source
+
+    path = tiny_models["zimage"]
+    req = convert.load_request(pb.LoadRequest(model_id="m", source=c.ModelSource(local_dir=str(path)),
+                                              speed_mode=c.SPEED_MODE_DEFAULT))
+    source = resolve_source(req.source, None, Roots.of([str(path.parent)], "--model-root"))
+    plan = plan_load(req, source, probe_host(), EngineSettings(compile_backend=backend, warmup_resolution=64,
+                                                               quant_min_features=16, aot_blocks_dir=str(directory)))
+    return pipeline_builder.build(plan, lambda *_: None)
+
+
+def test_a_backend_that_cannot_save_graphs_falls_back_and_remembers_why(tiny_models, tmp_path):
+    from torch._dynamo import list_backends, register_backend
+
+    from inference_service import pipeline_builder
+
+    if "unsaveable" not in list_backends(exclude_tags=()):
+        register_backend(name="unsaveable")(lambda gm, example_inputs: gm.forward)  # runs, but is no SerializableCallable
+    for said in ("SerializableCallable", "an earlier load could not compile these blocks ahead of time"):
+        built = _build(tiny_models, tmp_path, "unsaveable")
+        try:
+            fell = {r.control: r for r in built.resolved}["compile_ahead_of_time"]
+            assert fell.status.name == "FELL_BACK" and fell.applied == "off" and said in fell.reason
+            assert "regular regional compile" in fell.reason and built.aot is None
+            assert built.plan.speed.inference_mode  # the regular compile keeps inference_mode
+        finally:
+            pipeline_builder.unload(built)
+
+
+def test_a_call_no_graph_covers_runs_eagerly_and_is_counted(tiny_models, tmp_path):
+    from inference_service import pipeline_builder
+
+    built = _build(tiny_models, tmp_path, "inductor")
+    try:
+        aot = built.aot
+        assert aot is not None and not built.plan.speed.inference_mode and aot.take_misses() == 0
+        block = aot.blocks[-1]
+        captured = {}
+        handle = block.register_forward_pre_hook(lambda m, a, k: captured.setdefault("in", (a, k)), with_kwargs=True)
+        pipe = built.pipe
+        with torch.no_grad():
+            pipe(prompt="a kite", height=64, width=64, num_inference_steps=1, guidance_scale=0.0, output_type="latent")
+        handle.remove()
+        assert aot.take_misses() == 1  # the call the hook saw ran eagerly: the graphs hold no hooks
+        args, kwargs = captured["in"]
+        with torch.no_grad():
+            covered = block(*args, **kwargs)
+        assert aot.take_misses() == 0
+        with torch.inference_mode():  # inference tensors: the graphs' dispatch-key guards fail
+            inference_args = [a.clone() if torch.is_tensor(a) else a for a in args]
+            uncovered = block(*inference_args, **kwargs)
+        assert aot.take_misses() == 1
+        first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731
+        assert torch.allclose(first(covered), first(uncovered), atol=1e-4)  # eager agrees with the graph
+        record = aot.miss_record(1)
+        assert record.status.name == "FELL_BACK" and "ran eagerly" in record.applied
+    finally:
+        pipeline_builder.unload(built)
