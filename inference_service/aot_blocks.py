@@ -99,16 +99,19 @@ def _has_hooks(module) -> bool:
 
 
 class _Dispatch:
-    """A block's compiled call: the first graph whose guards pass, else the block's eager call (counted)."""
+    """A block's compiled call: the first graph whose guards pass, else the block's eager call (counted; while
+    new graphs are verified, kept in `uncovered` to compile one for)."""
 
-    def __init__(self, block, graphs: list, misses: list[int]):
-        self.block, self.graphs, self.misses = block, graphs, misses
+    def __init__(self, block, graphs: list, misses: list[int], uncovered: list | None = None):
+        self.block, self.graphs, self.misses, self.uncovered = block, graphs, misses, uncovered
 
     def __call__(self, *args, **kwargs):
         if not _has_hooks(self.block):
             for graph in self.graphs:
                 if graph.guard_check(self.block, *args, **kwargs):
                     return graph(self.block, *args, **kwargs)
+            if self.uncovered is not None:
+                self.uncovered.append((self.block, args, kwargs))
         self.misses[0] += 1
         return self.block._call_impl(*args, **kwargs)
 
@@ -166,8 +169,10 @@ def fell_back(why: str) -> Resolved:
 def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
             fallback: Callable[[], None]) -> AotBlocks:
     """Loads or compiles every repeated block's graphs and installs them. `capture()` runs the warm-up's calls
-    eagerly under no_grad; it is called only when some block has no graphs on disk. Raises AotUnavailable (with
-    the reason) where a block cannot be compiled ahead of time; nothing is installed then."""
+    under no_grad; it is called only when some block has no graphs on disk: once eagerly, to capture every
+    distinct input of every block, then on the new graphs, to compile more for any call they do not cover
+    (VERIFY_ROUNDS at most), before they are saved. Raises AotUnavailable (with the reason) where a block
+    cannot be compiled ahead of time; nothing is installed then."""
     t0 = time.perf_counter()
     names = getattr(denoiser, "_repeated_blocks", None) or ()
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
@@ -188,16 +193,92 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
             graphs[sig] = found
             loaded += len(found)
     missing = {sig: groups[sig] for sig in groups if sig not in graphs}
+    misses = [0]
     if missing:
         inputs = _capture_inputs(missing, capture)
+        try:
+            for sig in missing:
+                graphs[sig] = []
+                for args, kwargs, members in inputs[sig]:
+                    for member in members:
+                        _cover(graphs[sig], member, args, kwargs, backend, options)
+            uncovered: list = []
+            _install(groups, graphs, misses, uncovered)
+            for _ in range(VERIFY_ROUNDS):
+                uncovered.clear()
+                capture()
+                if not uncovered:
+                    break
+                for block, args, kwargs in list(uncovered):
+                    _cover(graphs[signature(block)], block, args, kwargs, backend, options)
+        except AotUnavailable as e:
+            for block in blocks:
+                block._compiled_call_impl = None
+            for sig in missing:
+                _remember_failure(folders[sig], e.why, env)
+            raise
         for sig in missing:
-            graphs[sig] = _compile_and_save(inputs[sig], folders[sig], env, backend, options)
-    misses = [0]
-    for sig, members in groups.items():
-        for block in members:
-            block._compiled_call_impl = _Dispatch(block, graphs[sig], misses)
+            _save(graphs[sig], folders[sig], env, type(groups[sig][0]).__name__)
+        misses[0] = 0
+    _install(groups, graphs, misses, None)
     count = sum(len(g) for g in graphs.values())
     return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses)
+
+
+VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the calls the last one missed
+
+
+def _install(groups: dict[str, list], graphs: dict[str, list], misses: list[int], uncovered: list | None) -> None:
+    for sig, members in groups.items():
+        for block in members:
+            block._compiled_call_impl = _Dispatch(block, graphs[sig], misses, uncovered)
+
+
+def _cover(graphs: list, block, args, kwargs, backend: str, options: dict) -> None:
+    """Compiles a graph for this call unless one of `graphs` covers it already."""
+    import torch
+
+    with torch.no_grad():
+        if any(g.guard_check(block, *args, **kwargs) for g in graphs):
+            return
+        try:
+            # enable_aot_compile: off by default in torch 2.11 (the GPU image's), on in later releases;
+            # specialize_float: a float traced as a symbol asks for a restart aot_compile cannot make.
+            with torch._dynamo.config.patch(enable_aot_compile=True, specialize_float=True):
+                graph = torch.compile(type(block).forward, fullgraph=True, dynamic=True, backend=backend,
+                                      options={**options, "guard_filter_fn": keep_serialisable_guards}
+                                      ).aot_compile(((block, *args), kwargs))
+        except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
+            raise AotUnavailable(f"{type(e).__name__}: {str(e)[:300]}") from e
+    graph.disable_guard_check()  # checked by _Dispatch, once per call
+    graphs.append(graph)
+
+
+def _remember_failure(folder: Path, why: str, env: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / FAILED).write_text(json.dumps({"error": why, "env": env}))
+
+
+def _save(graphs: list, folder: Path, env: dict, block_name: str) -> None:
+    """Writes the graphs through a staging folder renamed into place, so a folder with META is whole."""
+    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        for i, graph in enumerate(graphs):
+            graph.save_compiled_function(str(staging / f"{i}.bin"))
+    except Exception as e:  # noqa: BLE001 - the graphs run in this process; later ones compile the regular way
+        shutil.rmtree(staging, ignore_errors=True)
+        _remember_failure(folder, f"its graphs could not be saved: {type(e).__name__}: {str(e)[:300]}", env)
+        log.warning("ahead-of-time graphs not saved", extra={"fields": {
+            "event": "aot_blocks.unsaved", "folder": str(folder), "error": repr(e)}})
+        return
+    (staging / META).write_text(json.dumps({"graphs": len(graphs), "block": block_name, "env": env,
+                                            "created": time.time()}, indent=1))
+    try:
+        staging.rename(folder)
+    except OSError:  # another process saved the same graphs first: theirs stay
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _load(folder: Path) -> list | None:
@@ -265,42 +346,3 @@ def _capture_inputs(groups: dict[str, list], capture: Callable[[], None]) -> dic
         if not calls:
             raise AotUnavailable(f"the warm-up never called block {type(groups[sig][0]).__name__}")
     return {sig: list(calls.values()) for sig, calls in seen.items()}
-
-
-def _compile_and_save(calls: list, folder: Path, env: dict, backend: str, options: dict) -> list:
-    """Graphs until every block of one structure is covered at every kind of input it was called with."""
-    import torch
-
-    block = calls[0][2][0]
-    graphs = []
-    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        for args, kwargs, members in calls:
-            for member in members:
-                with torch.no_grad():
-                    if any(g.guard_check(member, *args, **kwargs) for g in graphs):
-                        continue
-                    # enable_aot_compile: off by default in torch 2.11 (the GPU image's), on in later releases;
-                    # specialize_float: a float traced as a symbol asks for a restart aot_compile cannot make.
-                    with torch._dynamo.config.patch(enable_aot_compile=True, specialize_float=True):
-                        graph = torch.compile(type(member).forward, fullgraph=True, dynamic=True, backend=backend,
-                                              options={**options, "guard_filter_fn": keep_serialisable_guards}
-                                              ).aot_compile(((member, *args), kwargs))
-                graph.save_compiled_function(str(staging / f"{len(graphs)}.bin"))
-                graph.disable_guard_check()
-                graphs.append(graph)
-    except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
-        shutil.rmtree(staging, ignore_errors=True)
-        folder.mkdir(parents=True, exist_ok=True)
-        error = f"{type(e).__name__}: {str(e)[:300]}"
-        (folder / FAILED).write_text(json.dumps({"error": error, "block": type(block).__name__, "env": env}))
-        raise AotUnavailable(error) from e
-    (staging / META).write_text(json.dumps({"graphs": len(graphs), "block": type(block).__name__, "env": env,
-                                            "created": time.time()}, indent=1))
-    try:
-        staging.rename(folder)
-    except OSError:  # another process saved the same graphs first: theirs stay
-        shutil.rmtree(staging, ignore_errors=True)
-    return graphs

@@ -316,6 +316,8 @@ def warm_up(pipe, fam: FamilySpec, multiple: int, resolution: int, decode: bool 
 
     kwargs = {"prompt": "warm-up", "num_inference_steps": 2, "output_type": "pt" if decode else "latent",
               fam.guidance_kwarg: fam.default_guidance}
+    if fam.guidance_kwarg == "true_cfg_scale" and fam.default_guidance > 1:
+        kwargs["negative_prompt"] = " "  # as a generation does (generation.parse_generate): the unconditional pass too
     traced = []
     for n in batches:
         # n images at 1/n of the area: the sizes are traced as symbols, and the call stays in one image's memory

@@ -75,14 +75,14 @@ def test_a_second_process_loads_the_graphs_and_makes_the_same_image(tiny_models,
         second.stop()
 
 
-def _build(tiny_models, directory, backend):
+def _build(tiny_models, directory, backend, family="zimage"):
     from diffusion_kit.host_caps import probe_host
     from diffusion_kit.path_roots import Roots
     from inference_service import convert, pipeline_builder
     from inference_service.load_plan import EngineSettings, plan_load
     from inference_service.model_source import resolve_source
 
-    path = tiny_models["zimage"]
+    path = tiny_models[family]
     req = convert.load_request(pb.LoadRequest(model_id="m", source=c.ModelSource(local_dir=str(path)),
                                               speed_mode=c.SPEED_MODE_DEFAULT))
     source = resolve_source(req.source, None, Roots.of([str(path.parent)], "--model-root"))
@@ -136,5 +136,24 @@ def test_a_call_no_graph_covers_runs_eagerly_and_is_counted(tiny_models, tmp_pat
         assert torch.allclose(first(covered), first(uncovered), atol=1e-4)  # eager agrees with the graph
         record = aot.miss_record(1)
         assert record.status.name == "FELL_BACK" and "ran eagerly" in record.applied
+    finally:
+        pipeline_builder.unload(built)
+
+
+def test_true_cfg_calls_are_covered_by_the_graphs_a_fresh_compile_checks(tiny_models, tmp_path):
+    """Qwen-Image's unconditional pass: the graphs compiled from the first warm-up's inputs missed some of its
+    block calls (their guards failed) until the warm-up ran again on the new graphs and compiled graphs for the
+    calls they missed. A generation with true CFG then runs no block eagerly."""
+    from diffusion_kit.families import FAMILIES
+    from inference_service import generation, pipeline_builder
+
+    built = _build(tiny_models, tmp_path, "inductor", "qwen_image")
+    try:
+        assert "compiled and saved" in {r.control: r for r in built.resolved}["compile_ahead_of_time"].applied
+        assert "0 block calls no graph covered" in {r.control: r for r in built.resolved}["compile_warmup"].reason
+        spec = generation.GenerationSpec("m", "a red kite", " ", 64, 64, 2, 4.0, (5, 6), (), "png", None, ())
+        generation.run(built.pipe, FAMILIES["qwen_image"], spec, generation.RunControl(), lambda r: None,
+                       lambda p: None, built.plan.speed.inference_mode)
+        assert built.aot.take_misses() == 0
     finally:
         pipeline_builder.unload(built)
