@@ -5,10 +5,11 @@ A compiled load's second-process warm-up was mostly dynamo tracing the blocks ag
 cache spares only the code generation; docs/bench/compile_warmup_probe.jsonl). With `--aot-blocks`, a compiled
 load looks for artifacts keyed on each block's structure (its modules' types and settings, its parameters'
 names, shapes and dtypes), the software (torch, triton, diffusers, Python), the device and the compile settings.
-Found, they are loaded and installed as the blocks' compiled call. Missing, one eager call of each of the
-warm-up's shapes (one image, then two) captures every distinct block's inputs, each is compiled with dynamo's
-`aot_compile` (inductor, dynamic shapes, fullgraph), saved, and installed; a shape that an earlier graph of the
-block already covers compiles nothing more.
+Found, they are loaded and installed as the blocks' compiled call. Missing, the warm-up's calls (one image,
+then two) run eagerly and capture every distinct input each block sees; each is compiled with dynamo's
+`aot_compile` (inductor, dynamic shapes, fullgraph) unless a graph of that structure already covers it; the
+warm-up then runs again on the installed graphs, and any call they miss gets a graph of its own (guards can
+tell calls apart that looked alike when captured); then the graphs are saved.
 
 What keeps a loaded graph honest: every guard that can be written to disk is kept and checked on each call
 (tensor dtypes, devices, dispatch keys and symbolic shapes, parameters included; grad mode and global state;
