@@ -18,8 +18,9 @@ traced them, are dropped. A call that no graph of its block covers runs the bloc
 generation's record says so). The blocks run under no_grad, not inference_mode: the graphs are traced on
 ordinary tensors, whose dispatch keys inference tensors do not share.
 
-An artifact that will not load (another torch, a torn file) is compiled again; a block that cannot be compiled
-ahead of time leaves a marker with the error, and every load of it uses the regular regional compile, saying why.
+Graphs that will not load, and blocks that cannot be compiled ahead of time, leave a marker with the error: every
+later load of them uses the regular regional compile and says why (delete the folder to try again). Graphs that
+could not be saved (a full disk) still run in the process that compiled them; the next load compiles them again.
 An adapter changes the blocks' structure: the first one uninstalls the graphs and compiles the blocks the
 regular way (inference_service.lora_runtime), as a compiled model's first adapter always recompiled.
 """
@@ -127,6 +128,7 @@ class AotBlocks:
     fallback: Callable[[], None]  # the regular regional compile, for when the graphs no longer fit the blocks
     misses: list[int] = field(default_factory=lambda: [0])
     installed: bool = True
+    unsaved: int = 0  # graphs compiled by this load that could not be written (the log says why)
 
     def take_misses(self) -> int:
         count, self.misses[0] = self.misses[0], 0
@@ -142,8 +144,9 @@ class AotBlocks:
         self.fallback()
 
     def record(self) -> Resolved:
+        saved = "not saved (see the log)" if self.unsaved else "saved"
         how = (f"{self.loaded} graph(s) loaded from disk" if self.loaded == self.graphs else
-               f"{self.graphs - self.loaded} graph(s) compiled and saved" +
+               f"{self.graphs - self.loaded} graph(s) compiled and {saved}" +
                (f", {self.loaded} loaded" if self.loaded else ""))
         return Resolved(CONTROL, "on", f"{how} in {self.seconds:.1f}s", Source.EXPLICIT,
                         reason=f"{len(self.blocks)} repeated blocks run graphs compiled ahead of time; guards are "
@@ -194,7 +197,7 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
             graphs[sig] = found
             loaded += len(found)
     missing = {sig: groups[sig] for sig in groups if sig not in graphs}
-    misses = [0]
+    misses, unsaved = [0], 0
     if missing:
         inputs = _capture_inputs(missing, capture)
         try:
@@ -218,12 +221,12 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
             for sig in missing:
                 _remember_failure(folders[sig], e.why, env)
             raise
-        for sig in missing:
-            _save(graphs[sig], folders[sig], env, type(groups[sig][0]).__name__)
+        unsaved = sum(len(graphs[sig]) for sig in missing
+                      if not _save(graphs[sig], folders[sig], env, type(groups[sig][0]).__name__))
         misses[0] = 0
     _install(groups, graphs, misses, None)
     count = sum(len(g) for g in graphs.values())
-    return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses)
+    return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses, unsaved=unsaved)
 
 
 VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the calls the last one missed
@@ -260,26 +263,26 @@ def _remember_failure(folder: Path, why: str, env: dict) -> None:
     (folder / FAILED).write_text(json.dumps({"error": why, "env": env}))
 
 
-def _save(graphs: list, folder: Path, env: dict, block_name: str) -> None:
+def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
     """Writes the graphs through a staging folder renamed into place, so a folder with META is whole."""
     staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
         for i, graph in enumerate(graphs):
             graph.save_compiled_function(str(staging / f"{i}.bin"))
-    except Exception as e:  # noqa: BLE001 - the graphs run in this process; later ones compile the regular way
+    except Exception as e:  # noqa: BLE001 - a full disk, say: the graphs run in this process, the next load tries again
         shutil.rmtree(staging, ignore_errors=True)
-        _remember_failure(folder, f"its graphs could not be saved: {type(e).__name__}: {str(e)[:300]}", env)
         log.warning("ahead-of-time graphs not saved", extra={"fields": {
             "event": "aot_blocks.unsaved", "folder": str(folder), "error": repr(e)}})
-        return
+        return False
     (staging / META).write_text(json.dumps({"graphs": len(graphs), "block": block_name, "env": env,
                                             "created": time.time()}, indent=1))
     try:
         staging.rename(folder)
     except OSError:  # another process saved the same graphs first: theirs stay
         shutil.rmtree(staging, ignore_errors=True)
+    return True
 
 
 def _load(folder: Path) -> list | None:

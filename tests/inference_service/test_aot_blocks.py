@@ -157,3 +157,17 @@ def test_true_cfg_calls_are_covered_by_the_graphs_a_fresh_compile_checks(tiny_mo
         assert built.aot.take_misses() == 0
     finally:
         pipeline_builder.unload(built)
+
+
+def test_graphs_that_cannot_be_saved_still_run_and_the_record_says_so(tiny_models, tmp_path):
+    from inference_service import pipeline_builder
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    built = _build(tiny_models, blocked / "aot", "aot_eager")  # no folder can be made under a file
+    try:
+        record = {r.control: r for r in built.resolved}["compile_ahead_of_time"]
+        assert "not saved (see the log)" in record.applied and built.aot is not None and built.aot.installed
+        assert "0 block calls no graph covered" in {r.control: r for r in built.resolved}["compile_warmup"].reason
+    finally:
+        pipeline_builder.unload(built)
