@@ -91,31 +91,22 @@ def keep_serialisable_guards(entries) -> list[bool]:
             for g in entries]
 
 
-def _has_hooks(module) -> bool:
-    """Hooks on the block, or on every module: the graphs hold the forward alone, so such a call runs eagerly."""
-    from torch.nn.modules import module as nn_module
-
-    return bool(module._forward_pre_hooks or module._forward_hooks or module._backward_pre_hooks
-                or module._backward_hooks or nn_module._global_forward_pre_hooks or nn_module._global_forward_hooks
-                or nn_module._global_backward_pre_hooks or nn_module._global_backward_hooks)
-
-
 class _Dispatch:
-    """A block's compiled call: the first graph whose guards pass, else the block's eager call (counted; while
-    new graphs are verified, kept in `uncovered` to compile one for)."""
+    """A block's forward, installed on the block (its hooks still run around it): the first graph whose guards
+    pass, else the class's own forward, eagerly (counted; while new graphs are verified, kept in `uncovered` to
+    compile one for)."""
 
     def __init__(self, block, graphs: list, misses: list[int], uncovered: list | None = None):
         self.block, self.graphs, self.misses, self.uncovered = block, graphs, misses, uncovered
 
     def __call__(self, *args, **kwargs):
-        if not _has_hooks(self.block):
-            for graph in self.graphs:
-                if graph.guard_check(self.block, *args, **kwargs):
-                    return graph(self.block, *args, **kwargs)
-            if self.uncovered is not None:
-                self.uncovered.append((self.block, args, kwargs))
+        for graph in self.graphs:
+            if graph.guard_check(self.block, *args, **kwargs):
+                return graph(self.block, *args, **kwargs)
+        if self.uncovered is not None:
+            self.uncovered.append((self.block, args, kwargs))
         self.misses[0] += 1
-        return self.block._call_impl(*args, **kwargs)
+        return type(self.block).forward(self.block, *args, **kwargs)
 
 
 @dataclass
@@ -138,8 +129,7 @@ class AotBlocks:
         """Back to the regular regional compile (traced at the next call)."""
         if not self.installed:
             return
-        for block in self.blocks:
-            block._compiled_call_impl = None
+        _uninstall(self.blocks)
         self.installed = False
         self.fallback()
 
@@ -213,11 +203,12 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
                 capture()
                 if not uncovered:
                     break
+                _uninstall(blocks)  # traced as it will be called: without the installed forward
                 for block, args, kwargs in list(uncovered):
                     _cover(graphs[signature(block)], block, args, kwargs, backend, options)
+                _install(groups, graphs, misses, uncovered)
         except AotUnavailable as e:
-            for block in blocks:
-                block._compiled_call_impl = None
+            _uninstall(blocks)
             for sig in missing:
                 _remember_failure(folders[sig], e.why, env)
             raise
@@ -235,7 +226,12 @@ VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the c
 def _install(groups: dict[str, list], graphs: dict[str, list], misses: list[int], uncovered: list | None) -> None:
     for sig, members in groups.items():
         for block in members:
-            block._compiled_call_impl = _Dispatch(block, graphs[sig], misses, uncovered)
+            block.forward = _Dispatch(block, graphs[sig], misses, uncovered)
+
+
+def _uninstall(blocks: list) -> None:
+    for block in blocks:
+        block.__dict__.pop("forward", None)
 
 
 def _cover(graphs: list, block, args, kwargs, backend: str, options: dict) -> None:

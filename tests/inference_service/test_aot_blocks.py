@@ -123,7 +123,7 @@ def test_a_call_no_graph_covers_runs_eagerly_and_is_counted(tiny_models, tmp_pat
         with torch.no_grad():
             pipe(prompt="a kite", height=64, width=64, num_inference_steps=1, guidance_scale=0.0, output_type="latent")
         handle.remove()
-        assert aot.take_misses() == 1  # the call the hook saw ran eagerly: the graphs hold no hooks
+        assert aot.take_misses() == 0  # the block's hooks run around its graph
         args, kwargs = captured["in"]
         with torch.no_grad():
             covered = block(*args, **kwargs)
