@@ -40,7 +40,9 @@ def write_pid(job_dir: Path) -> None:
     warm trainer's, so `pgrep` by job id does not find it)."""
     import os
 
-    (job_dir / PID_FILE).write_text(f"{os.getpid()}\n")
+    staged = job_dir / f"{PID_FILE}.{os.getpid()}"  # whole or absent: a reader never sees it empty
+    staged.write_text(f"{os.getpid()}\n")
+    os.replace(staged, job_dir / PID_FILE)
 
 
 _reached = {"step": 0}  # the last step this process reported, for a failure's steps_completed
