@@ -70,8 +70,10 @@ def environment(device: str, settings: dict) -> dict:
     except ImportError:
         env["triton"] = ""
     if device.startswith("cuda"):
+        # The index too: a graph allocates on, and guards, the device it was compiled on.
         index = torch.device(device).index or 0
-        env["device"] = f"{torch.cuda.get_device_name(index)} sm_{''.join(map(str, torch.cuda.get_device_capability(index)))}"
+        capability = "".join(map(str, torch.cuda.get_device_capability(index)))
+        env["device"] = f"{torch.cuda.get_device_name(index)} sm_{capability} cuda:{index}"
     else:
         env["device"] = device
     return env
