@@ -269,7 +269,10 @@ def _ahead_of_time(pipe, plan: LoadPlan, built: BuiltPipeline, regional: Callabl
     env = aot_blocks.environment(plan.device, {
         "backend": plan.compile_backend, "options": sorted((k, str(v)) for k, v in plan.speed.compile_options.items()),
         "speed": plan.speed.mode, "tf32": flags.cuda_matmul_tf32, "cudnn_benchmark": flags.cudnn_benchmark,
-        "size_oblivious": flags.size_oblivious, "duck_shape": flags.duck_shape})
+        "size_oblivious": flags.size_oblivious, "duck_shape": flags.duck_shape, "dtype": str(plan.dtype),
+        # a quantised layer's settings live in its tensors' metadata, which the block's structure does not show
+        "quant": str(plan.quant.transformer), "fp8_fast_accum": plan.quant.fp8_fast_accum,
+        "quant_min_features": plan.quant_min_features})
 
     def capture() -> None:
         warm_up(pipe, family, built.size_multiple, plan.warmup_resolution, batches=WARM_UP_BATCHES,
