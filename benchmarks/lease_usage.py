@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import grpc
 
 from benchmarks.bench_record import Recorder, host_description
 from benchmarks import inference_bench, training_bench
-from benchmarks.nvml_sampler import NvmlSampler, nvml_reader
+from benchmarks.nvml_sampler import NvmlSampler, descendants, nvml_reader
 from benchmarks.training_bench import ensure_base, make_dataset
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from diffusion.v1 import common_pb2 as c
@@ -60,11 +59,6 @@ def images_of(mode: str) -> tuple[str, int, int, int]:
 def lease_bytes(broker, client_id: str) -> int:
     state = broker.Status(broker_pb2.StatusRequest(), timeout=10).state
     return sum(x.memory_bytes for x in state.leases if x.holder.client_id == client_id)
-
-
-def children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-    return [int(x) for x in out]
 
 
 def main() -> None:
@@ -148,7 +142,7 @@ def main() -> None:
                 lease, child_pids = 0, set()
                 for event in train.WatchTraining(tpb.WatchTrainingRequest(job_id=job), timeout=1800):
                     lease = lease or lease_bytes(broker, "training-0")
-                    child_pids.update(set(children(training.proc.pid)) - seen_children)
+                    child_pids.update(set(descendants(training.proc.pid)) - seen_children)
                     if event.WhichOneof("event") == "finished":
                         finished = event.finished
                         break

@@ -26,7 +26,6 @@ preemption asked only holders of device 1 to go.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.bench_record import Recorder, host_description
-from benchmarks.nvml_sampler import NvmlSampler, nvml_reader
+from benchmarks.nvml_sampler import NvmlSampler, descendants, nvml_reader
 from benchmarks.training_bench import ensure_base, make_dataset
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from diffusion.v1 import common_pb2 as c
@@ -49,16 +48,6 @@ from service_kit.service_process import start_service
 GiB = 2**30
 MODELS = {"z": "zimage", "flux": "flux1"}  # model id -> family; worker i serves the i-th
 TOP_PRIORITY = 1000  # above every holder this run starts (they ask at 0)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (a trainer may be forked from the training service's warm trainer)."""
-    out, todo = [], [pid]
-    while todo:
-        found = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
-        out += [int(x) for x in found]
-        todo += [int(x) for x in found]
-    return out
 
 
 class Run:

@@ -1,9 +1,21 @@
 """NVML every 50 ms on every device: each process's used bytes per device, and each device's used bytes, as peaks
-since the last reset. The benches that hold services to their leases read it (lease_usage, multigpu_run)."""
+since the last reset; and the processes under a service, whose use counts against its lease. The benches that hold
+services to their leases read it (lease_usage, multigpu_run)."""
 from __future__ import annotations
 
+import subprocess
 import threading
 from typing import Callable
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (a trainer may be forked from the training service's warm trainer)."""
+    out, todo = [], [pid]
+    while todo:
+        found = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        out += [int(x) for x in found]
+        todo += [int(x) for x in found]
+    return out
+
 
 # One reading: device index -> ({pid: used bytes}, the device's used bytes).
 Reading = dict[int, tuple[dict[int, int], int]]
