@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inference_service import inductor_fixes
+
 
 @dataclass(frozen=True)
 class BackendFlags:
@@ -55,6 +57,7 @@ def apply_speed(cudnn_benchmark: bool, tf32: bool, compiled: bool = False) -> No
     if compiled:
         fx_config.backed_size_oblivious = True
         fx_config.use_duck_shape = False
+        inductor_fixes.fix_open_slice_ends()  # torch 2.11's lowering fails FLUX's slices under these flags
     if cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     if tf32:

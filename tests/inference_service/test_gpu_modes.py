@@ -88,7 +88,8 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])
 def test_blocks_compiled_ahead_of_time_load_in_a_second_process(tiny_models, tmp_path, family, precision):
     """--aot-blocks on CUDA: the first service compiles and saves the blocks' graphs (or says why it cannot, as
-    an fp8 transformer's tensor subclasses may not serialise), the second loads them and makes the same pixels."""
+    an fp8 transformer's tensor subclasses may not serialise), the second loads them and makes the same image.
+    FLUX's blocks failed to compile here on torch 2.11 until inference_service.inductor_fixes."""
     from service_kit.service_process import start_service
 
     fields = dict(compute_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT,
@@ -110,4 +111,6 @@ def test_blocks_compiled_ahead_of_time_load_in_a_second_process(tiny_models, tmp
         assert "earlier load" in second.reason and second.status == c.SETTING_STATUS_FELL_BACK, second.reason
     else:
         assert "compiled and saved" in first.applied and "loaded from disk" in second.applied, (first, second)
-    assert np.array_equal(images[0], images[1])
+    # Not bit for bit across processes on CUDA: each process picks its own cuDNN convolution algorithms
+    # (benchmark mode) and Triton kernel configurations, so the pixels are held to 2 levels of the first's.
+    assert np.abs(images[0] - images[1]).max() <= 2 and np.abs(images[0] - images[1]).mean() < 0.5
