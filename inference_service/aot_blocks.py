@@ -131,9 +131,13 @@ class AotBlocks:
         """Back to the regular regional compile (traced at the next call)."""
         if not self.installed:
             return
+        self.discard()
+        self.fallback()
+
+    def discard(self) -> None:
+        """The blocks run their own forward again, uncompiled."""
         _uninstall(self.blocks)
         self.installed = False
-        self.fallback()
 
     def record(self) -> Resolved:
         saved = "not saved (see the log)" if self.unsaved else "saved"

@@ -102,47 +102,102 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
             resolved.append(Resolved("fused_qkv", "on", "off", Source.AUTO, Status.UNSUPPORTED,
                                      f"{family.denoiser_class} has no fused QKV projections"))
     if speed.compile:
-        if hasattr(pipe, "enable_lora_hotswap"):  # must precede compile: adapters then swap without recompiling
-            pipe.enable_lora_hotswap(target_rank=plan.lora_max_rank)
-        denoiser = getattr(pipe, family.denoiser)
-
-        def regional() -> None:
-            denoiser.compile_repeated_blocks(fullgraph=True, dynamic=True, backend=plan.compile_backend,
-                                             **({"options": speed.compile_options} if speed.compile_options else {}))
-
-        if plan.aot_dir:
-            built.aot = _ahead_of_time(pipe, plan, built, regional, on_phase, resolved)
-        if built.aot is None:
-            on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
-            regional()
-        else:  # the graphs were traced on ordinary tensors: generations run under no_grad
-            built.plan = plan = replace(plan, speed=replace(speed, inference_mode=False))
-        vae_compile = vae_decoder_compile(family.key, True, speed.mode)
-        resolved.append(vae_compile)
-        if vae_compile.applied == "on":
-            compile_decoder(pipe.vae, plan.compile_backend)
-            _decode_one_at_a_time(pipe.vae, resolved)
-        _check(abort, "compiling")
-        on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
-                            f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
-        t0 = time.perf_counter()
-        traced = warm_up(pipe, family, built.size_multiple, plan.warmup_resolution,
-                         decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES,
-                         inference_mode=plan.speed.inference_mode)
-        built.compile_warmup_s = time.perf_counter() - t0
-        if built.aot is not None:
-            misses = built.aot.take_misses()
-            why = (f"calls of one image and of two on the blocks' graphs compiled ahead of time ({traced[0]} and "
-                   f"{traced[1]} other graphs traced; {misses} block calls no graph covered)")
-        else:
-            why = (f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some families' blocks "
-                   "tell one image from several); a warm compile cache spares the next process the inductor compile, "
-                   "not the tracing (measured: docs/bench/inference.md)")
-        resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO, reason=why))
+        try:
+            _compile(pipe, plan, built, on_phase, abort, resolved)
+        except Exception as e:  # noqa: BLE001 - only the compiler's own failures are caught: compile_failed
+            if not compile_failed(e):
+                raise
+            _run_uncompiled(pipe, family, built, e, resolved)
     elif speed.mode != "off":
         resolved.append(vae_decoder_compile(family.key, False, speed.mode))
     return built
 
+
+def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str, str], None],
+             abort: threading.Event | None, resolved: list[Resolved]) -> None:
+    """The speed layer's compile: the repeated blocks (ahead of time where asked, else regionally), the VAE decoder
+    where the mode compiles it, and the warm-up that traces them."""
+    family, speed = plan.family, plan.speed
+    if hasattr(pipe, "enable_lora_hotswap"):  # must precede compile: adapters then swap without recompiling
+        pipe.enable_lora_hotswap(target_rank=plan.lora_max_rank)
+    denoiser = getattr(pipe, family.denoiser)
+
+    def regional() -> None:
+        denoiser.compile_repeated_blocks(fullgraph=True, dynamic=True, backend=plan.compile_backend,
+                                         **({"options": speed.compile_options} if speed.compile_options else {}))
+
+    if plan.aot_dir:
+        built.aot = _ahead_of_time(pipe, plan, built, regional, on_phase, resolved)
+    if built.aot is None:
+        on_phase("compiling", f"regional compile of the repeated blocks ({plan.compile_backend})")
+        regional()
+    else:  # the graphs were traced on ordinary tensors: generations run under no_grad
+        built.plan = plan = replace(plan, speed=replace(speed, inference_mode=False))
+    vae_compile = vae_decoder_compile(family.key, True, speed.mode)
+    resolved.append(vae_compile)
+    if vae_compile.applied == "on":
+        compile_decoder(pipe.vae, plan.compile_backend)
+        _decode_one_at_a_time(pipe.vae, resolved)
+    _check(abort, "compiling")
+    on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
+                        f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
+    t0 = time.perf_counter()
+    traced = warm_up(pipe, family, built.size_multiple, plan.warmup_resolution,
+                     decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES,
+                     inference_mode=plan.speed.inference_mode)
+    built.compile_warmup_s = time.perf_counter() - t0
+    if built.aot is not None:
+        misses = built.aot.take_misses()
+        why = (f"calls of one image and of two on the blocks' graphs compiled ahead of time ({traced[0]} and "
+               f"{traced[1]} other graphs traced; {misses} block calls no graph covered)")
+    else:
+        why = (f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some families' blocks "
+               "tell one image from several); a warm compile cache spares the next process the inductor compile, "
+               "not the tracing (measured: docs/bench/inference.md)")
+    resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO, reason=why))
+
+
+def compile_failed(error: BaseException) -> bool:
+    """Whether an error came from the compiler (dynamo or inductor, raised or wrapped), not from the model, the
+    device or a cancel: the load then runs the model uncompiled instead of failing."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseException,
+                    resolved: list[Resolved]) -> None:
+    """Undoes a compile that failed: the blocks and the decoder run their own forward again, the records of the
+    compile give way to one that says it fell back and why, and generations run under inference_mode."""
+    import logging
+
+    if built.aot is not None:
+        built.aot.discard()
+        built.aot = None
+    for module in getattr(pipe, family.denoiser).modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+    decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
+    if decoder is not None:
+        decoder.__dict__.pop("forward", None)
+    why = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    logging.getLogger("inference_service.pipeline_builder").warning(
+        "the compile failed; the model runs uncompiled", extra={"fields": {
+            "event": "compile.fell_back", "model_family": family.key, "error": why}})
+    kept = [r for r in resolved if r.control not in ("compile", "compile_warmup", "vae_decoder_compile",
+                                                      aot_blocks.CONTROL)]
+    resolved[:] = kept + [Resolved("compile", "on", "off", Source.AUTO, Status.FELL_BACK,
+                                   reason=f"the compiler failed on this model ({why}); it runs uncompiled")]
+    built.plan = replace(built.plan, speed=replace(built.plan.speed, compile=False, compile_options={},
+                                                   inference_mode=True))
+    built.compile_warmup_s = None
+    # One eager call, so that an error of the model itself (which the compiler may have met first) fails the load
+    # here rather than the first generation.
+    warm_up(pipe, family, built.size_multiple, built.plan.warmup_resolution)
 
 # One image, then two: FLUX's and Qwen-Image's blocks trace a graph for one image and another for several (a
 # guard on the batch size of their linear layers' input), so without the second call the first multi-image
