@@ -84,13 +84,34 @@ def key_of(block_signature: str, env: dict) -> str:
 
 
 def keep_serialisable_guards(entries) -> list[bool]:
-    """Every guard but those that cannot be written to disk: identity guards (ids of this process's objects) and
-    guards on globals."""
+    """Every guard but those that cannot be written to disk: identity guards (ids of this process's objects),
+    guards on globals, and guards on a tensor subclass's instance or the tensors inside it. Dynamo writes a
+    subclass instance by asking it for `empty_like`, which torchao's quantised weights (Float8Tensor,
+    Int8Tensor) do not implement; those weights' names, shapes, dtypes and types key the graphs' folder
+    (signature), and the quantisation scheme the environment."""
     from torch._dynamo.guards import CheckFunctionManager
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    subclasses = {g.name for g in entries if g.has_value and is_traceable_wrapper_subclass(g.value)}
+
+    def inside_subclass(name: str) -> bool:
+        return any(name == s or name.startswith(s + ".") for s in subclasses)
+
     return [not g.is_global and g.guard_type not in unsupported and not set(g.derived_guard_types) & unsupported
-            for g in entries]
+            and not inside_subclass(g.name) for g in entries]
+
+
+def plain_reprs(blocks: list) -> None:
+    """Drops the `extra_repr` that torchao's quantize_ binds on each quantised layer (a bound functools.partial):
+    dynamo writes the blocks' modules with the graphs and cannot write that. It changes only the layers' repr."""
+    import functools
+
+    for block in blocks:
+        for module in block.modules():
+            bound = module.__dict__.get("extra_repr")
+            if isinstance(getattr(bound, "__func__", None), functools.partial):
+                del module.__dict__["extra_repr"]
 
 
 class _Dispatch:
@@ -178,6 +199,7 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
+    plain_reprs(blocks)
     groups: dict[str, list] = {}
     for block in blocks:
         groups.setdefault(signature(block), []).append(block)

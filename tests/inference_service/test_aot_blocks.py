@@ -75,6 +75,35 @@ def test_a_second_process_loads_the_graphs_and_makes_the_same_image(tiny_models,
         second.stop()
 
 
+
+@pytest.mark.parametrize("family", ["zimage", "flux1"])
+def test_quantised_blocks_are_compiled_ahead_of_time_and_loaded_too(tiny_models, store, tmp_path, family):
+    """torchao's quantised weights (Int8Tensor here, Float8Tensor on CUDA) are tensor subclasses, which dynamo
+    could not write to disk (it asked them for empty_like, and choked on the repr torchao binds on each layer):
+    every quantised load fell back to the regular compile. Their guards are left to the folder's key now."""
+    cache, images, said = tmp_path / "cache", [], []
+    int8 = dict(speed_mode=c.SPEED_MODE_DEFAULT, transformer_precision=c.PRECISION_INT8)
+    for run in range(2):
+        proc = service(cache, store)
+        client = InferenceClient(proc.address)
+        try:
+            said.append(record(client.load("q", tiny_models[family], **int8), "compile_ahead_of_time"))
+            made = result_of(client.generate("q", seeds=[3]))
+            assert not [r for r in made.result.resolved  # no block call ran eagerly
+                        if r.control == "compile_ahead_of_time" and r.status == c.SETTING_STATUS_FELL_BACK]
+            images.append(pixels(made))
+            if run == 0:
+                client.load("q-off", tiny_models[family], transformer_precision=c.PRECISION_INT8,
+                            speed_mode=c.SPEED_MODE_OFF)
+                eager = pixels(result_of(client.generate("q-off", seeds=[3])))
+        finally:
+            client.close()
+            proc.stop()
+    assert "compiled and saved" in said[0].applied and said[0].status == c.SETTING_STATUS_APPLIED, said[0]
+    assert "loaded from disk" in said[1].applied, said[1]
+    assert np.array_equal(images[0], images[1])
+    assert np.abs(images[1] - eager).max() <= 3, np.abs(images[1] - eager).max()
+
 def _build(tiny_models, directory, backend, family="zimage"):
     from diffusion_kit.host_caps import probe_host
     from diffusion_kit.path_roots import Roots
