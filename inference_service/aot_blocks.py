@@ -19,7 +19,9 @@ generation's record says so). The blocks run under no_grad, not inference_mode: 
 ordinary tensors, whose dispatch keys inference tensors do not share.
 
 Graphs that will not load, and blocks that cannot be compiled ahead of time, leave a marker with the error: every
-later load of them uses the regular regional compile and says why (delete the folder to try again). Graphs that
+later load of them uses the regular regional compile and says why (delete the folder to try again). Folders of
+other software (another torch, triton, diffusers or Python: their key can never match again) are deleted by a
+later load once no process has used them for a week (prune). Graphs that
 could not be saved (a full disk) still run in the process that compiled them; the next load compiles them again.
 An adapter changes the blocks' structure: the first one uninstalls the graphs and compiles the blocks the
 regular way (inference_service.lora_runtime), as a compiled model's first adapter always recompiled.
@@ -81,6 +83,49 @@ def environment(device: str, settings: dict) -> dict:
 
 def key_of(block_signature: str, env: dict) -> str:
     return hashlib.sha256(json.dumps([block_signature, env], sort_keys=True).encode()).hexdigest()[:32]
+
+
+SOFTWARE = ("torch", "torch_git", "triton", "diffusers", "python")  # the environment's fields no upgrade keeps
+UNUSED_BEFORE_PRUNE_S = 7 * 24 * 3600
+STAGING = ".staging-"  # a folder being written: renamed into place when whole
+
+
+def stale(folder_env: dict | None, current: dict, idle_s: float) -> bool:
+    """Whether a folder of graphs can be deleted: written under other software (its key names the software, so
+    no process of this software will read it) and unused for UNUSED_BEFORE_PRUNE_S (a process of that other
+    software may share the compile cache, as during a rolling upgrade). A folder whose software is unknown
+    stays."""
+    if not folder_env:
+        return False
+    return idle_s >= UNUSED_BEFORE_PRUNE_S and any(folder_env.get(k) != current.get(k) for k in SOFTWARE)
+
+
+def prune(directory: Path, current: dict, now: float | None = None) -> list[str]:
+    """Deletes the folders `stale` allows, and staging folders abandoned for UNUSED_BEFORE_PRUNE_S (a process
+    that died while saving). Returns the names deleted."""
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        folders = [f for f in directory.iterdir() if f.is_dir()]
+    except OSError:
+        return removed
+    for folder in folders:
+        marker = folder / META if (folder / META).exists() else folder / FAILED
+        try:
+            idle = now - (marker if marker.exists() else folder).stat().st_mtime
+            if STAGING in folder.name:
+                doomed = idle >= UNUSED_BEFORE_PRUNE_S
+            else:
+                doomed = marker.exists() and stale(json.loads(marker.read_text()).get("env"), current, idle)
+        except (OSError, ValueError):
+            continue
+        if doomed:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder.name)
+    if removed:
+        log.info("ahead-of-time graphs of other software deleted", extra={"fields": {
+            "event": "aot_blocks.pruned", "folder": str(directory), "removed": len(removed)}})
+    return removed
 
 
 def keep_serialisable_guards(entries) -> list[bool]:
@@ -200,6 +245,7 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
     plain_reprs(blocks)
+    prune(directory, env)
     groups: dict[str, list] = {}
     for block in blocks:
         groups.setdefault(signature(block), []).append(block)
@@ -210,7 +256,7 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
     graphs: dict[str, list] = {}
     loaded = 0
     for sig, folder in folders.items():
-        found = _load(folder)
+        found = _load(folder, env)
         if found is not None:
             graphs[sig] = found
             loaded += len(found)
@@ -289,7 +335,7 @@ def _remember_failure(folder: Path, why: str, env: dict) -> None:
 
 def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
     """Writes the graphs through a staging folder renamed into place, so a folder with META is whole."""
-    staging = folder.with_name(f"{folder.name}.staging-{os.getpid()}")
+    staging = folder.with_name(f"{folder.name}{STAGING}{os.getpid()}")
     try:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -309,7 +355,7 @@ def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
     return True
 
 
-def _load(folder: Path) -> list | None:
+def _load(folder: Path, env: dict) -> list | None:
     """The folder's graphs; None when it has none yet. Graphs that will not load (the folder is written whole,
     under a key that names the software, so this is not a torn file or another torch) are remembered as a
     failure, and the regular compile is used from then on."""
@@ -325,13 +371,17 @@ def _load(folder: Path) -> list | None:
                 graph = torch.compiler.load_compiled_function(f)
             graph.disable_guard_check()  # checked by _Dispatch, once per call
             graphs.append(graph)
-        return graphs
     except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
         error = f"its saved graphs would not load: {type(e).__name__}: {str(e)[:300]}"
         log.warning("ahead-of-time graphs not loaded", extra={"fields": {
             "event": "aot_blocks.unreadable", "folder": str(folder), "error": error}})
-        (folder / FAILED).write_text(json.dumps({"error": error}))
+        (folder / FAILED).write_text(json.dumps({"error": error, "env": env}))
         raise AotUnavailable(error) from e
+    try:
+        os.utime(folder / META)  # last used: prune keeps it while any process of its software loads it
+    except OSError:
+        pass  # a read-only cache is still read
+    return graphs
 
 
 def _input_key(args, kwargs) -> tuple:

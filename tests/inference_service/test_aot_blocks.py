@@ -2,6 +2,8 @@
 tiny Z-Image's block graphs, a second process loads them without tracing and makes the same bytes; a call no
 graph covers runs eagerly and is counted; a backend that cannot save graphs falls back, and remembers why; and a
 compiled model's first adapter gives the blocks back to the regular compile."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ import torch
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.adapter_store import AdapterStore
+from inference_service import aot_blocks
 from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient, decode, result_of
 from tests.inference_service.lora_helper import publish_random_adapter
@@ -53,12 +56,16 @@ def test_a_second_process_loads_the_graphs_and_makes_the_same_image(tiny_models,
         client.close()
         first.stop()
     assert any((cache / "aot-blocks").iterdir())
+    metas = list((cache / "aot-blocks").glob(f"*/{aot_blocks.META}"))
+    for meta in metas:  # as if last used long ago: a load marks them used (aot_blocks.prune keeps them)
+        os.utime(meta, (1, 1))
     second = service(cache, store)
     client = InferenceClient(second.address)
     try:
         events = client.load("z", tiny_models["zimage"], speed_mode=c.SPEED_MODE_DEFAULT)
         loaded = record(events, "compile_ahead_of_time")
         assert "loaded from disk" in loaded.applied
+        assert metas and all(meta.stat().st_mtime > 1e9 for meta in metas)
         assert "(0 and 0 other graphs traced; 0 block calls" in record(events, "compile_warmup").reason
         again = result_of(client.generate("z", seeds=[3]))
         assert np.array_equal(pixels(again), pixels(compiled))  # the same graphs, the same pixels
