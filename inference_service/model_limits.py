@@ -6,6 +6,7 @@ Pure: the builder passes the denoiser's config and the pipeline's scale factors.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,14 +31,17 @@ def model_limits(family_key: str, denoiser_config: dict, vae_scale_factor: int, 
     """The limits of one family's denoiser; `max_sequence_length` is what its pipeline truncates prompts to."""
     patch = _patch_size(denoiser_config)
     multiple = vae_scale_factor * 2
+    if family_key == "sdxl":  # its pipeline refuses any side that is not a multiple of 8
+        multiple = math.lcm(multiple, 8)
     if family_key == "zimage" and denoiser_config.get("axes_lens"):
-        text_axis, h_axis, w_axis = denoiser_config["axes_lens"][:3]
+        text_axis, h_axis, w_axis = denoiser_config["axes_lens"][:3]  # positions (caption/frame, height, width)
         side = vae_scale_factor * patch
         # Caption positions 0..padded-1 on the first axis, then the image frame at padded + 1.
         tokens = (text_axis - 2) // ZIMAGE_SEQ_MULTIPLE * ZIMAGE_SEQ_MULTIPLE
-        return ModelLimits(multiple, _cap(h_axis * side, multiple), _cap(w_axis * side, multiple),
-                           tokens if tokens < max_sequence_length else 0,
-                           count_prompt_tokens if tokens < max_sequence_length else None)
+        return ModelLimits(multiple, max_width=_cap(w_axis * side, multiple),
+                           max_height=_cap(h_axis * side, multiple),
+                           max_prompt_tokens=tokens if tokens < max_sequence_length else 0,
+                           count_prompt_tokens=count_prompt_tokens if tokens < max_sequence_length else None)
     return ModelLimits(multiple, _cap(MAX_SIDE, multiple), _cap(MAX_SIDE, multiple))
 
 
