@@ -286,6 +286,9 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
             for sig in missing:
                 _remember_failure(folders[sig], e.why, env)
             raise
+        except BaseException:  # a graph failing on its verification call, a cancel: nothing stays installed
+            _uninstall(blocks)
+            raise
         unsaved = sum(len(graphs[sig]) for sig in missing
                       if not _save(graphs[sig], folders[sig], env, type(groups[sig][0]).__name__))
         misses[0] = 0

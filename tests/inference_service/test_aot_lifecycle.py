@@ -1,6 +1,7 @@
-"""Which folders of ahead-of-time graphs a load deletes (aot_blocks.stale, aot_blocks.prune): those of other
-software, once unused for a week, and staging folders a dying process left. Before, the folder only grew: every
-torch, triton, diffusers or Python upgrade left graphs no process would read again."""
+"""The life of ahead-of-time graphs outside a service: which folders a load deletes (aot_blocks.stale,
+aot_blocks.prune: those of other software, once unused for a week, and staging folders a dying process left;
+before, the folder only grew with every torch, triton, diffusers or Python upgrade), and what a failed install
+leaves on the blocks (nothing)."""
 import json
 import os
 
@@ -65,3 +66,43 @@ def test_prune_deletes_old_graphs_failures_and_abandoned_staging_and_nothing_els
 
 def test_prune_of_a_folder_not_yet_made_does_nothing(tmp_path):
     assert aot_blocks.prune(tmp_path / "absent", ENV, now=NOW) == []
+
+
+def test_a_graph_that_fails_its_verification_call_leaves_no_block_installed(tmp_path, monkeypatch):
+    """A fresh graph runs the warm-up again before it is saved; when that call raises (not a compile failure:
+    the graph itself), the blocks must not keep a dispatch to graphs nobody will save or check."""
+    import torch
+
+    class Blk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    class Denoiser(torch.nn.Module):
+        _repeated_blocks = ["Blk"]
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Blk(), Blk()])
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    class Breaks:
+        def guard_check(self, *args, **kwargs):
+            return True
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("the graph failed on its first real call")
+
+    model = Denoiser()
+    monkeypatch.setattr(aot_blocks, "_cover", lambda graphs, *a: graphs.append(Breaks()) if not graphs else None)
+    with pytest.raises(RuntimeError, match="first real call"):
+        aot_blocks.install(model, tmp_path, ENV, lambda: model(torch.randn(1, 4)), "inductor", {}, lambda: None)
+    assert not [b for b in model.blocks if "forward" in b.__dict__]
+    assert not list(tmp_path.glob(f"*/{aot_blocks.META}"))  # nothing saved
