@@ -21,7 +21,7 @@ from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import vae_decoder_compile
-from service_kit.errors import Cancelled, FailedPrecondition
+from service_kit.errors import Cancelled, FailedPrecondition, ServiceError
 
 
 @dataclass
@@ -158,14 +158,15 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
 
 
 def compile_failed(error: BaseException) -> bool:
-    """Whether an error came from the compiler (dynamo or inductor, raised or wrapped), not from the model, the
-    device or a cancel: the load then runs the model uncompiled instead of failing."""
+    """Whether an error came from the compiler (dynamo or inductor, raised, or wrapped with `raise ... from`), not
+    from the model, the device or a cancel: the load then runs the model uncompiled instead of failing. Only the
+    explicit cause is followed: an error raised while another was being handled is its own."""
     seen = set()
-    while error is not None and id(error) not in seen:
+    while error is not None and id(error) not in seen and not isinstance(error, ServiceError):
         seen.add(id(error))
         if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
             return True
-        error = error.__cause__ or error.__context__
+        error = error.__cause__
     return False
 
 

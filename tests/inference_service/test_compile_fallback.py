@@ -26,6 +26,11 @@ def _wrapped(outer: BaseException, inner: BaseException) -> BaseException:
     return outer
 
 
+def _in_handling(outer: BaseException, handled: BaseException) -> BaseException:
+    outer.__context__ = handled
+    return outer
+
+
 @pytest.mark.parametrize("error, from_the_compiler", [
     (_inductor_error(), True),
     (_wrapped(RuntimeError("while lowering"), _inductor_error()), True),
@@ -33,6 +38,8 @@ def _wrapped(outer: BaseException, inner: BaseException) -> BaseException:
     (FromTheModel("shape mismatch in the block"), False),
     (torch.OutOfMemoryError("CUDA out of memory"), False),
     (Cancelled("load aborted during compiling", reason="LOAD_ABORTED"), False),
+    (_wrapped(Cancelled("load aborted", reason="LOAD_ABORTED"), _inductor_error()), False),  # a cancel is a cancel
+    (_in_handling(FromTheModel("raised in an except block"), _inductor_error()), False),
     (ValueError("a bad size"), False),
 ])
 def test_only_the_compilers_own_failures_count(error, from_the_compiler):
