@@ -25,6 +25,7 @@ class BackendFlags:
     float32_matmul_precision: str
     size_oblivious: bool
     duck_shape: bool
+    dynamo_stance: str = "default"  # "eager_on_recompile" once the compiler failed a generation (stop_tracing)
 
 
 def snapshot() -> BackendFlags:
@@ -34,7 +35,7 @@ def snapshot() -> BackendFlags:
 
     return BackendFlags(torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
                         torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision(),
-                        fx_config.backed_size_oblivious, fx_config.use_duck_shape)
+                        fx_config.backed_size_oblivious, fx_config.use_duck_shape, _stance())
 
 
 def restore(flags: BackendFlags) -> None:
@@ -48,6 +49,14 @@ def restore(flags: BackendFlags) -> None:
 
     fx_config.backed_size_oblivious = flags.size_oblivious
     fx_config.use_duck_shape = flags.duck_shape
+    if _stance() != flags.dynamo_stance:
+        torch.compiler.set_stance(flags.dynamo_stance)
+
+
+def _stance() -> str:
+    from torch._dynamo import eval_frame
+
+    return eval_frame._stance.stance  # torch.compiler.set_stance has no getter
 
 
 def apply_speed(cudnn_benchmark: bool, tf32: bool, compiled: bool = False) -> None:

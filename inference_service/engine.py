@@ -605,9 +605,17 @@ class InferenceEngine:
                     lora_runtime.apply_adapters, model.built.pipe, self.adapters, spec.adapters, model.lora,
                     self.client_id, model.plan.speed.compile,
                     on_first_adapter=aot.uninstall if aot is not None and aot.installed else None))
-                out = await loop.run_in_executor(self._worker, partial(
-                    generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
-                    model.plan.speed.inference_mode, model.plan.memory.vae_tiling, model.built.prompt_cache))
+                run = partial(generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
+                              model.plan.speed.inference_mode, model.plan.memory.vae_tiling, model.built.prompt_cache)
+                try:
+                    out = await loop.run_in_executor(self._worker, run)
+                except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
+                    if not (model.plan.speed.compile and pipeline_builder.compile_failed(e)):
+                        raise
+                    # The compiler failed on a graph this generation needed: the model stops tracing new graphs
+                    # (said in its record) and the generation runs again, its uncovered calls uncompiled.
+                    await loop.run_in_executor(self._worker, partial(pipeline_builder.stop_tracing, model.built, e))
+                    out = await loop.run_in_executor(self._worker, run)
             except ServiceError as e:
                 job.events.put_nowait(e)
                 return

@@ -170,6 +170,30 @@ def compile_failed(error: BaseException) -> bool:
     return False
 
 
+def compiler_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+
+
+def stop_tracing(built: BuiltPipeline, error: BaseException) -> None:
+    """The compiler failed on a graph a generation needed (new inputs, a first adapter): from now on the model's
+    compiled graphs run where their guards pass and every other call runs uncompiled (dynamo's
+    eager_on_recompile stance), rather than each such call failing again; the model's record says so. The stance
+    is process-wide, as the service holds one model; unload restores it (backend_flags)."""
+    import logging
+
+    import torch
+
+    torch.compiler.set_stance("eager_on_recompile")
+    why = compiler_error(error)
+    logging.getLogger("inference_service.pipeline_builder").warning(
+        "the compiler failed during a generation; new graphs are no longer traced", extra={"fields": {
+            "event": "compile.stopped_tracing", "model_family": built.plan.family.key, "error": why}})
+    built.resolved[:] = [r for r in built.resolved if r.control != "compile"] + [
+        Resolved("compile", "on", "compiled graphs only", Source.AUTO, Status.FELL_BACK,
+                 reason=f"the compiler failed on a graph a generation needed ({why}); calls the compiled graphs "
+                        "do not cover run uncompiled from now on")]
+
+
 def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseException,
                     resolved: list[Resolved]) -> None:
     """Undoes a compile that failed: the blocks and the decoder run their own forward again, the records of the
@@ -185,7 +209,7 @@ def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseE
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if decoder is not None:
         decoder.__dict__.pop("forward", None)
-    why = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+    why = compiler_error(error)
     logging.getLogger("inference_service.pipeline_builder").warning(
         "the compile failed; the model runs uncompiled", extra={"fields": {
             "event": "compile.fell_back", "model_family": family.key, "error": why}})

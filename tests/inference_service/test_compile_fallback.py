@@ -78,3 +78,76 @@ def test_a_failing_compile_runs_the_model_uncompiled_and_says_why(tiny_models, t
         assert torch.isfinite(out).all()
     finally:
         pipeline_builder.unload(built)
+
+
+PLUGIN = '''
+import os
+
+
+def compiler(gm, example_inputs):
+    if os.path.exists(os.environ["FAILS_LATER_SENTINEL"]):
+        raise RuntimeError("this backend no longer compiles")
+    return gm.forward
+'''
+
+
+def test_a_generation_whose_new_graph_fails_to_compile_runs_it_uncompiled_and_says_so(tiny_models, tmp_path):
+    """A compiled model's first adapter traces its blocks again; when the compiler fails then, the generation ran
+    into INTERNAL (and so would every later one needing a graph). Now the model stops tracing new graphs, the
+    generation runs again with the calls its graphs do not cover uncompiled, and the record says so. The failing
+    compiler is a real dynamo backend, installed as a plugin (the torch_dynamo_backends entry point)."""
+    from diffusion.v1 import common_pb2 as c
+    from diffusion.v1 import inference_pb2 as pb
+    from diffusion_kit.adapter_store import AdapterStore
+    from service_kit.service_process import start_service
+    from tests.inference_service.harness import InferenceClient, result_of
+    from tests.inference_service.lora_helper import publish_random_adapter
+    from tests.inference_service.test_aot_blocks import FLAGS, pixels
+
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "fails_later_backend.py").write_text(PLUGIN)
+    info = plugin / "fails_later-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fails-later\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[torch_dynamo_backends]\nfails_later = fails_later_backend:compiler\n")
+    sentinel = tmp_path / "fail-now"
+    store = AdapterStore(tmp_path / "adapters")
+    publish_random_adapter(store, "zimage", tiny_models["zimage"], "z-style", seed=1)
+    env = {"PYTHONPATH": str(plugin), "FAILS_LATER_SENTINEL": str(sentinel)}
+    proc = start_service("inference_service", *FLAGS, "--compile-backend", "fails_later", "--compile-cache-dir",
+                         str(tmp_path / "cache"), "--adapter-store", str(store.root), env=env, fresh=True,
+                         timeout=180)
+    client = InferenceClient(proc.address)
+    try:
+        loaded = {r.control: r for r in client.load("z", tiny_models["zimage"],
+                                                    speed_mode=c.SPEED_MODE_DEFAULT)[-1].result.resolved}
+        assert loaded["compile"].status == c.SETTING_STATUS_APPLIED, loaded["compile"]
+        base = pixels(result_of(client.generate("z", seeds=[3])))
+        sentinel.write_text("")
+        styled = pb.AdapterRef(adapter_id="z-style", weight=1.0)
+        adapted = result_of(client.generate("z", seeds=[3], adapters=[styled]))
+        said = {r.control: r for r in adapted.result.resolved}["compile"]
+        assert said.status == c.SETTING_STATUS_FELL_BACK and said.applied == "compiled graphs only", said
+        assert "this backend no longer compiles" in said.reason and "run uncompiled" in said.reason
+        assert not pixels(adapted).tolist() == base.tolist()  # the adapter reached the image
+        client.load("z-off", tiny_models["zimage"], speed_mode=c.SPEED_MODE_OFF)
+        eager = pixels(result_of(client.generate("z-off", seeds=[3], adapters=[styled])))
+        assert abs(pixels(adapted) - eager).max() <= 2  # the uncovered calls ran as the eager model runs them
+    finally:
+        client.close()
+        proc.stop()
+
+
+def test_unload_gives_the_process_its_dynamo_stance_back():
+    """stop_tracing sets a process-wide stance; a later load must trace again (backend_flags restores it)."""
+    from inference_service import backend_flags
+
+    before = backend_flags.snapshot()
+    assert before.dynamo_stance == "default"
+    try:
+        torch.compiler.set_stance("eager_on_recompile")
+        assert backend_flags.snapshot().dynamo_stance == "eager_on_recompile"
+    finally:
+        backend_flags.restore(before)
+    assert backend_flags.snapshot().dynamo_stance == "default"
