@@ -20,6 +20,7 @@ from functools import partial
 from typing import AsyncIterator, Awaitable, Callable
 
 from diffusion_kit.adapter_store import AdapterStore
+from diffusion_kit.compile_errors import compile_failed
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
@@ -610,7 +611,7 @@ class InferenceEngine:
                 try:
                     out = await loop.run_in_executor(self._worker, run)
                 except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
-                    if not (model.plan.speed.compile and pipeline_builder.compile_failed(e)):
+                    if not (model.plan.speed.compile and compile_failed(e)):
                         raise
                     # The compiler failed on a graph this generation needed: the model stops tracing new graphs
                     # (said in its record) and the generation runs again, its uncovered calls uncompiled.

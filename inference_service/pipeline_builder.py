@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from diffusion_kit.compile_errors import compile_failed, compiler_error
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
@@ -21,7 +22,7 @@ from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import vae_decoder_compile
-from service_kit.errors import Cancelled, FailedPrecondition, ServiceError
+from service_kit.errors import Cancelled, FailedPrecondition
 
 
 @dataclass
@@ -104,7 +105,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     if speed.compile:
         try:
             _compile(pipe, plan, built, on_phase, abort, resolved)
-        except Exception as e:  # noqa: BLE001 - only the compiler's own failures are caught: compile_failed
+        except Exception as e:  # noqa: BLE001 - only the compiler's own failures are caught (compile_errors)
             if not compile_failed(e):
                 raise
             _run_uncompiled(pipe, family, built, e, resolved)
@@ -155,23 +156,6 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
                "tell one image from several); a warm compile cache spares the next process the inductor compile, "
                "not the tracing (measured: docs/bench/inference.md)")
     resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO, reason=why))
-
-
-def compile_failed(error: BaseException) -> bool:
-    """Whether an error came from the compiler (dynamo or inductor, raised, or wrapped with `raise ... from`), not
-    from the model, the device or a cancel: the load then runs the model uncompiled instead of failing. Only the
-    explicit cause is followed: an error raised while another was being handled is its own."""
-    seen = set()
-    while error is not None and id(error) not in seen and not isinstance(error, ServiceError):
-        seen.add(id(error))
-        if type(error).__module__.startswith(("torch._dynamo", "torch._inductor")):
-            return True
-        error = error.__cause__
-    return False
-
-
-def compiler_error(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 def stop_tracing(built: BuiltPipeline, error: BaseException) -> None:

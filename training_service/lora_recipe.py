@@ -21,8 +21,10 @@ from typing import Callable
 
 import torch
 
+from diffusion_kit.compile_errors import compile_failed, compiler_error
 from diffusion_kit.families import FAMILIES, FamilySpec
 from diffusion_kit.precision import Precision
+from diffusion_kit.resolved import Resolved, Source, Status
 from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
@@ -101,6 +103,7 @@ class LoraRecipe:
         for reason, message in denoiser.warnings:
             self.emit("warning", {"reason": reason, "message": message})
         self.model, self.params = denoiser.model, denoiser.params
+        self.compiled = denoiser.compiled
         self.optimizer = self._optimizer()
         from diffusers.optimization import get_scheduler
 
@@ -291,7 +294,15 @@ class LoraRecipe:
                 if should_stop():
                     break
             t0 = time.perf_counter()
-            loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+            noise_state = self.generator.get_state() if self.compiled else None
+            try:
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+            except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
+                if not (self.compiled and compile_failed(e)):
+                    raise
+                self._stop_compiling(e)
+                self.generator.set_state(noise_state)  # the same noise as the step that failed would have had
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
             yielded += waited
             t0 += waited  # the step's own time, for its images per second
             if self.scaler is not None:
@@ -326,6 +337,19 @@ class LoraRecipe:
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
                 self.render_samples(sample_dir)
         return self.state
+
+    def _stop_compiling(self, error: BaseException) -> None:
+        """The compiler failed on the denoiser's blocks (the first step traces them): the blocks run their own
+        forward from now on, gradients of the failed attempt are dropped, and the job's record and stream say why."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for module in self.model.modules():
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                module._compiled_call_impl = None
+        self.compiled = False
+        why = f"the compiler failed on the denoiser's blocks ({compiler_error(error)}); training continues uncompiled"
+        self.emit("resolved", {"resolved": [Resolved("speed_mode", "regional_compile", "eager", Source.AUTO,
+                                                     Status.FELL_BACK, why).to_dict()]})
+        self.emit("warning", {"reason": "COMPILE_FELL_BACK", "message": why})
 
     def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None
                               ) -> tuple[torch.Tensor, int, float]:

@@ -6,6 +6,7 @@ are caught (compile_failed), the blocks and the decoder run their own forward ag
 import pytest
 import torch
 
+from diffusion_kit.compile_errors import compile_failed
 from inference_service import pipeline_builder
 from service_kit.errors import Cancelled
 from tests.inference_service.test_aot_blocks import _build
@@ -43,7 +44,7 @@ def _in_handling(outer: BaseException, handled: BaseException) -> BaseException:
     (ValueError("a bad size"), False),
 ])
 def test_only_the_compilers_own_failures_count(error, from_the_compiler):
-    assert pipeline_builder.compile_failed(error) == from_the_compiler
+    assert compile_failed(error) == from_the_compiler
 
 
 def _register_failing_backend() -> str:

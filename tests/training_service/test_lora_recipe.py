@@ -280,3 +280,26 @@ def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny
     assert steps[0]["yielded_s"] == 0 and steps[1]["yielded_s"] >= 0.35 and steps[2]["yielded_s"] >= 0.35
     assert steps[1]["samples_per_s"] > 1 / 0.35  # the step's own rate leaves the pause out
     assert gate.yielded_s == pytest.approx(steps[2]["yielded_s"], abs=0.05)
+
+
+def test_a_compiler_that_fails_on_the_first_step_trains_uncompiled_and_says_so(tiny_models, examples):
+    """The first step traces the compiled blocks; a compiler failure there failed the whole job. Now the blocks
+    run uncompiled, the step runs again with the same noise, the job is told (COMPILE_FELL_BACK), and the losses
+    are the eager run's."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "fails_to_compile" not in list_backends(exclude_tags=()):
+        def fails(gm, example_inputs):
+            raise RuntimeError("this backend cannot compile any graph")
+        register_backend(name="fails_to_compile")(fails)
+    events = []
+    fell_back = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="fails_to_compile"), events)
+    eager = run(config(tiny_models, examples, steps=3)).state.losses
+    warnings = [d for k, d in events if k == "warning"]
+    assert [w["reason"] for w in warnings] == ["COMPILE_FELL_BACK"], warnings
+    assert "this backend cannot compile any graph" in warnings[0]["message"]
+    (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert (record["control"], record["applied"], record["status"]) == (
+        "speed_mode", "eager", "SETTING_STATUS_FELL_BACK"), record
+    assert [d["step"] for k, d in events if k == "step"] == [1, 2, 3] and not fell_back.compiled
+    assert fell_back.state.losses == pytest.approx(eager, rel=1e-5)
