@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from diffusion_kit.compile_errors import compile_failed, compiler_error
+from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompile
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
@@ -187,9 +187,7 @@ def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseE
     if built.aot is not None:
         built.aot.discard()
         built.aot = None
-    for module in getattr(pipe, family.denoiser).modules():
-        if getattr(module, "_compiled_call_impl", None) is not None:
-            module._compiled_call_impl = None
+    uncompile(getattr(pipe, family.denoiser))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if decoder is not None:
         decoder.__dict__.pop("forward", None)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from diffusion_kit.compile_errors import compile_failed, compiler_error
+from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompile
 from diffusion_kit.families import FAMILIES, FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
@@ -342,9 +342,7 @@ class LoraRecipe:
         """The compiler failed on the denoiser's blocks (the first step traces them): the blocks run their own
         forward from now on, gradients of the failed attempt are dropped, and the job's record and stream say why."""
         self.optimizer.zero_grad(set_to_none=True)
-        for module in self.model.modules():
-            if getattr(module, "_compiled_call_impl", None) is not None:
-                module._compiled_call_impl = None
+        uncompile(self.model)
         self.compiled = False
         why = f"the compiler failed on the denoiser's blocks ({compiler_error(error)}); training continues uncompiled"
         self.emit("resolved", {"resolved": [Resolved("speed_mode", "regional_compile", "eager", Source.AUTO,
