@@ -114,7 +114,7 @@ def test_blocks_compiled_ahead_of_time_load_in_a_second_process(tiny_models, tmp
         assert "earlier load" in second.reason and second.status == c.SETTING_STATUS_FELL_BACK, second.reason
     else:
         assert "compiled and saved" in first.applied and "loaded from disk" in second.applied, (first, second)
-    # Not bit for bit across processes on CUDA: each process picks its own cuDNN convolution algorithms
-    # (benchmark mode) and Triton kernel configurations, so the pixels are held to 2 levels of the first's.
+    # Not bit for bit across two CUDA processes (one level apart on the H200; each process picks its own cuDNN
+    # convolution algorithms in benchmark mode, the likely cause): the pixels are held to 2 levels of the first's.
     assert np.abs(images[0] - images[1]).max() <= 2 and np.abs(images[0] - images[1]).mean() < 0.5
     assert np.abs(images[1] - base).mean() < 10, "the loaded graphs drifted from the bf16 eager image"
