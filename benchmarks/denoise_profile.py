@@ -12,6 +12,10 @@ compiled blocks run eagerly (`torch.compiler.set_stance("force_eager")`) under t
 is set against --peak-tflops (bf16 dense, measured by the baseline probe on the H200; an fp8 mode's MFU is also
 given against twice that). The top kernels go to PROFILES/<family>-<mode>-denoise.txt.
 
+--cudagraphs: an experiment, not a service option: each mode's compiled blocks also get inductor's CUDA graphs
+(`triton.cudagraphs`), recorded as mode "<mode>+cudagraphs", with `torch.compiler.cudagraph_mark_step_begin()`
+before each replayed step. It tells whether a step that leaves the GPU idle between launches is host-bound.
+
 --tiny: the tiny pipeline on this host with the aot_eager backend, a dry run of the plumbing; on a CPU the
 profiler's CPU ops stand in for kernels.
 """
@@ -21,6 +25,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.bench_record import Recorder, host_description
@@ -41,7 +46,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
-LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC")
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
 
 
 def category_of(kernel: str) -> str:
@@ -95,6 +100,7 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--cudagraphs", action="store_true", help="the compiled blocks also get inductor's CUDA graphs")
     args = p.parse_args()
 
     import torch
@@ -126,6 +132,14 @@ def main() -> None:
                                                    **MODES[mode]))
         source = resolve_source(req.source, None, Roots.of([str(args.workdir)], "--model-root"))
         plan = plan_load(req, source, caps, settings)
+        label = mode
+        if args.cudagraphs:
+            if not (cuda and plan.speed.compile):
+                record(mode, "ran", 0, "bool", detail="CUDA graphs need a compiled denoiser on a CUDA device")
+                continue
+            plan = replace(plan, speed=replace(plan.speed, compile_options={**plan.speed.compile_options,
+                                                                            "triton.cudagraphs": True}))
+            label = f"{mode}+cudagraphs"
         t0 = time.perf_counter()
         built = pipeline_builder.build(plan, lambda *_: None)
         load_s = time.perf_counter() - t0
@@ -135,6 +149,8 @@ def main() -> None:
             calls = capture_first_step(built.pipe, family, size)
 
             def step():
+                if args.cudagraphs:
+                    torch.compiler.cudagraph_mark_step_begin()
                 for call_args, call_kwargs in calls:
                     denoiser(*call_args, **call_kwargs)
 
@@ -173,20 +189,20 @@ def main() -> None:
             extra = dict(calls_per_step=len(calls), load_s=round(load_s, 1),
                          denoiser="compiled" if plan.speed.compile else "eager",
                          transformer=str(plan.quant.transformer or plan.dtype))
-            record(mode, "step_ms", step_ms, "ms", **extra)
-            record(mode, "gpu_busy_share", busy_s / profiled_s, "ratio", **extra)
-            record(mode, "launches_per_step" if cuda else "cpu_ops_per_step", launches / args.profile_steps,
+            record(label, "step_ms", step_ms, "ms", **extra)
+            record(label, "gpu_busy_share", busy_s / profiled_s, "ratio", **extra)
+            record(label, "launches_per_step" if cuda else "cpu_ops_per_step", launches / args.profile_steps,
                    "launches" if cuda else "ops", **extra)
-            record(mode, "tflop_per_step", flops / 1e12, "TFLOP", flops=flops, **extra)
+            record(label, "tflop_per_step", flops / 1e12, "TFLOP", flops=flops, **extra)
             mfu = flops / (step_ms / 1000) / (args.peak_tflops * 1e12)
-            record(mode, "mfu_bf16_peak", mfu, "ratio", peak_tflops=args.peak_tflops,
+            record(label, "mfu_bf16_peak", mfu, "ratio", peak_tflops=args.peak_tflops,
                    **({"mfu_fp8_peak": round(mfu / 2, 3)} if quantised else {}), **extra)
             for category, share in kernel_mix(kernels).items():
-                record(mode, "kernel_share", share, "ratio", category=category, **extra)
+                record(label, "kernel_share", share, "ratio", category=category, **extra)
             if args.profiles:
                 args.profiles.mkdir(parents=True, exist_ok=True)
                 sort = "self_device_time_total" if cuda else "self_cpu_time_total"
-                (args.profiles / f"{args.family}-{mode}-denoise.txt").write_text(
+                (args.profiles / f"{args.family}-{label}-denoise.txt").write_text(
                     f"{' '.join(sys.argv)}\n{host_description()}\n{args.profile_steps} steps, "
                     f"{len(calls)} denoiser call(s) each\n\n" + averages.table(sort_by=sort, row_limit=30))
         finally:

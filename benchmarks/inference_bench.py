@@ -211,12 +211,12 @@ def compile_seconds(resolved) -> tuple[float, str]:
     return seconds + float(found.group(1)), f"blocks compiled ahead of time: {aot.applied} (included), warm-up {warm.applied}"
 
 
-def time_warm_restart(stub, record, model_dir):
-    """A new service process loads bf16-default again with the compile cache the cold load filled."""
-    req = pb.LoadRequest(model_id="warm", source=c.ModelSource(local_dir=str(model_dir)), **MODES["bf16-default"])
+def time_warm_restart(stub, record, model_dir, mode):
+    """A new service process loads `mode` again with the compile cache the cold load filled."""
+    req = pb.LoadRequest(model_id="warm", source=c.ModelSource(local_dir=str(model_dir)), **MODES[mode])
     events = list(stub.Load(req, timeout=900))
     seconds, note = compile_seconds(events[-1].result.resolved)
-    record("bf16-default", "compile_warmup_warm_restart_s", seconds, "s",
+    record(mode, "compile_warmup_warm_restart_s", seconds, "s",
            note="new service process, same compile cache directory" + (f"; {note}" if note else ""))
     stub.Unload(pb.UnloadRequest(model_id="warm"))
 
@@ -248,7 +248,8 @@ def main() -> None:
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--formats", default="", help="also time each mode's Generate in these output formats "
                                                  "(comma-separated: jpeg,webp,raw_rgb8); PNG is always timed")
-    p.add_argument("--warm-restart", action="store_true", help="restart the service and time a warm compile")
+    p.add_argument("--warm-restart", action="store_true",
+                   help="after each compiled mode, restart the service and time that mode's warm compile")
     p.add_argument("--aot-blocks", action="store_true",
                    help="the service keeps blocks compiled ahead of time (--aot-blocks): the warm restart loads them")
     p.add_argument("--step-cache", default="", help="also time each mode's Generate with First-Block Cache at these "
@@ -306,14 +307,14 @@ def main() -> None:
                 references = images
                 for steps, image in images.items():
                     np.save(reference_file(steps), image.astype(np.uint8))  # PNG pixels: exact, and 3 MB, not 25
-            if mode == "bf16-default" and args.warm_restart:
+            if args.warm_restart and MODES[mode]["speed_mode"] != c.SPEED_MODE_OFF:
                 # Straight after the cold compile, so a later mode that outruns the device limit cannot cost it.
                 inference.stop()
                 inference = start_inference(broker.address, cache, args.tiny, args.workdir, args.aot_blocks)
                 ch.close()
                 ch = grpc.insecure_channel(inference.address, options=CLIENT_OPTIONS)
                 stub = inference_pb2_grpc.InferenceServiceStub(ch)
-                time_warm_restart(stub, record, model_dir)
+                time_warm_restart(stub, record, model_dir, mode)
         ch.close()
     finally:
         inference.stop()
