@@ -12,9 +12,10 @@ compiled blocks run eagerly (`torch.compiler.set_stance("force_eager")`) under t
 is set against --peak-tflops (bf16 dense, measured by the baseline probe on the H200; an fp8 mode's MFU is also
 given against twice that). The top kernels go to PROFILES/<family>-<mode>-denoise.txt.
 
---cudagraphs: an experiment, not a service option: each mode's compiled blocks also get inductor's CUDA graphs
-(`triton.cudagraphs`), recorded as mode "<mode>+cudagraphs", with `torch.compiler.cudagraph_mark_step_begin()`
-before each replayed step. It tells whether a step that leaves the GPU idle between launches is host-bound.
+A mode named "<mode>+cudagraphs" is an experiment, not a service option: <mode>'s compiled blocks also get
+inductor's CUDA graphs (`triton.cudagraphs`), with `torch.compiler.cudagraph_mark_step_begin()` before each
+replayed step. Beside <mode> in one run, it tells whether a step that leaves the GPU idle between launches is
+host-bound.
 
 --tiny: the tiny pipeline on this host with the aot_eager backend, a dry run of the plumbing; on a CPU the
 profiler's CPU ops stand in for kernels.
@@ -100,8 +101,10 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--tiny", action="store_true")
-    p.add_argument("--cudagraphs", action="store_true", help="the compiled blocks also get inductor's CUDA graphs")
     args = p.parse_args()
+    unknown = [m for m in args.modes.split(",") if m.partition("+")[2] not in ("", "cudagraphs")]
+    if unknown:
+        p.error(f"unknown variant in {', '.join(unknown)}: the one variant is +cudagraphs")
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -127,19 +130,19 @@ def main() -> None:
     settings = EngineSettings(compile_backend="aot_eager" if args.tiny else "inductor", warmup_resolution=size,
                               quant_min_features=16 if args.tiny else 1024)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for mode in filter(None, args.modes.split(",")):
+    for label in filter(None, args.modes.split(",")):
+        mode, _, variant = label.partition("+")
+        graphs = variant == "cudagraphs"
         req = convert.load_request(ipb.LoadRequest(model_id=mode, source=c.ModelSource(local_dir=str(base)),
                                                    **MODES[mode]))
         source = resolve_source(req.source, None, Roots.of([str(args.workdir)], "--model-root"))
         plan = plan_load(req, source, caps, settings)
-        label = mode
-        if args.cudagraphs:
+        if graphs:
             if not (cuda and plan.speed.compile):
-                record(mode, "ran", 0, "bool", detail="CUDA graphs need a compiled denoiser on a CUDA device")
+                record(label, "ran", 0, "bool", detail="CUDA graphs need a compiled denoiser on a CUDA device")
                 continue
             plan = replace(plan, speed=replace(plan.speed, compile_options={**plan.speed.compile_options,
                                                                             "triton.cudagraphs": True}))
-            label = f"{mode}+cudagraphs"
         t0 = time.perf_counter()
         built = pipeline_builder.build(plan, lambda *_: None)
         load_s = time.perf_counter() - t0
@@ -149,7 +152,7 @@ def main() -> None:
             calls = capture_first_step(built.pipe, family, size)
 
             def step():
-                if args.cudagraphs:
+                if graphs:
                     torch.compiler.cudagraph_mark_step_begin()
                 for call_args, call_kwargs in calls:
                     denoiser(*call_args, **call_kwargs)
