@@ -15,6 +15,13 @@ from service_kit.service_process import ROOT
     ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", "gemm"),
     ("sm90_xmma_gemm_e4m3e4m3_bf16f32_f32_tn_n_tilesize128x128x128", "gemm_fp8"),
     ("triton_tem_fused_addmm_gelu_0", "gemm"),
+    # cuBLAS's fp8 GEMMs: "qq" for the two fp8 operands, where a bf16 one is plain "tst"
+    ("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_TNT", "gemm_fp8"),
+    ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", "gemm"),
+    # inductor's kernels are named for every op they fuse: the quantisation of an fp8 GEMM's input, or the
+    # norm and RoPE before an attention, are fused pointwise work, not the GEMM or attention itself
+    ("triton_poi_fused__scaled_mm__to_copy_cat_clamp_div_gelu_0", "inductor_fused"),
+    ("triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_1", "inductor_fused"),
     ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", "attention"),
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1", "attention"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "inductor_fused"),
