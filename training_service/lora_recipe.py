@@ -104,6 +104,7 @@ class LoraRecipe:
             self.emit("warning", {"reason": reason, "message": message})
         self.model, self.params = denoiser.model, denoiser.params
         self.compiled = denoiser.compiled
+        self.samples_compiled = denoiser.compiled  # sample images run the blocks without gradients: other graphs
         self.optimizer = self._optimizer()
         from diffusers.optimization import get_scheduler
 
@@ -389,12 +390,11 @@ class LoraRecipe:
                 cond = self._cond_to_device(self.conds[prompt])
                 negative = (self._cond_to_device(self.negative)
                             if cfg_on and self.negative is not None else None)
-                kwargs = self.objective.sample_kwargs(cond, negative)
-                with torch.no_grad(), self._context():
-                    image = pipe(**kwargs, height=self.cfg.resolution, width=self.cfg.resolution,
-                                 num_inference_steps=min(self.family.default_steps, SAMPLE_STEPS_CAP),
-                                 **{kwarg: self.family.default_guidance},
-                                 generator=torch.Generator("cpu").manual_seed(SAMPLE_SEED)).images[0]
+                kwargs = dict(self.objective.sample_kwargs(cond, negative), height=self.cfg.resolution,
+                              width=self.cfg.resolution,
+                              num_inference_steps=min(self.family.default_steps, SAMPLE_STEPS_CAP),
+                              **{kwarg: self.family.default_guidance})
+                image = self._sample_image(pipe, kwargs)
                 path = directory / f"step-{self.state.step:06d}-{k}.png"
                 image.save(path)
                 paths.append(path)
@@ -405,6 +405,29 @@ class LoraRecipe:
             del pipe
             self._free()
         return paths
+
+    def _sample_image(self, pipe, kwargs: dict):
+        """One sample image, from the sample seed. Compiled blocks meet sample images with gradients off, so they
+        trace new graphs mid-job: if the compiler fails there, this and later samples render uncompiled (training
+        keeps its graphs) and the job is told once."""
+        def render():
+            with torch.no_grad(), self._context(), (
+                    contextlib.nullcontext() if self.samples_compiled or not self.compiled
+                    else torch.compiler.set_stance("force_eager")):
+                return pipe(**kwargs, generator=torch.Generator("cpu").manual_seed(SAMPLE_SEED)).images[0]
+
+        try:
+            return render()
+        except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
+            if not (self.compiled and self.samples_compiled and compile_failed(e)):
+                raise
+            error = compiler_error(e)
+        self.samples_compiled = False
+        why = f"the compiler failed on the sample images' graphs ({error}); samples render uncompiled, training stays compiled"
+        self.emit("resolved", {"resolved": [Resolved("sample_compile", "regional_compile", "eager", Source.AUTO,
+                                                     Status.FELL_BACK, why).to_dict()]})
+        self.emit("warning", {"reason": "COMPILE_FELL_BACK", "message": why})
+        return render()
 
     def _text_components(self) -> list[str]:
         index = json.loads((Path(self.cfg.base_dir) / "model_index.json").read_text())

@@ -1,4 +1,6 @@
 """The LoRA recipe on tiny pipelines of every family, in-process on the CPU: loss, resume bit-identity, export."""
+from pathlib import Path
+
 import pytest
 import torch
 from PIL import Image
@@ -303,3 +305,30 @@ def test_a_compiler_that_fails_on_the_first_step_trains_uncompiled_and_says_so(t
         "speed_mode", "eager", "SETTING_STATUS_FELL_BACK"), record
     assert [d["step"] for k, d in events if k == "step"] == [1, 2, 3] and not fell_back.compiled
     assert fell_back.state.losses == pytest.approx(eager, rel=1e-5)
+
+
+def test_a_compiler_that_fails_on_the_sample_images_renders_them_uncompiled(tiny_models, examples, tmp_path):
+    """Sample images run the compiled blocks without gradients, which traces new graphs mid-job; a compiler
+    failure there failed the whole job after its steps had trained. Now the samples render uncompiled, training
+    stays compiled, and the job is told once (COMPILE_FELL_BACK, a `sample_compile` record)."""
+    from torch._dynamo import list_backends, register_backend
+    from torch._dynamo.backends.debugging import aot_eager
+
+    if "fails_without_grad" not in list_backends(exclude_tags=()):
+        def fails_without_grad(gm, example_inputs):
+            if not torch.is_grad_enabled():
+                raise RuntimeError("this backend cannot compile a graph without gradients")
+            return aot_eager(gm, example_inputs)
+        register_backend(name="fails_without_grad")(fails_without_grad)
+    events = []
+    recipe = run(config(tiny_models, examples, steps=4, sample_every=2, sample_prompts=["a red card"], compile=True,
+                        compile_backend="fails_without_grad"), events, sample_dir=tmp_path / "samples")
+    assert [d["step"] for k, d in events if k == "step"] == [1, 2, 3, 4] and recipe.compiled
+    samples = [d for k, d in events if k == "sample"]
+    assert [s["step"] for s in samples] == [2, 4] and all(Path(s["path"]).is_file() for s in samples)
+    warnings = [d for k, d in events if k == "warning"]
+    assert [w["reason"] for w in warnings] == ["COMPILE_FELL_BACK"], warnings
+    assert "cannot compile a graph without gradients" in warnings[0]["message"]
+    (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert (record["control"], record["applied"], record["status"]) == (
+        "sample_compile", "eager", "SETTING_STATUS_FELL_BACK"), record
