@@ -75,7 +75,7 @@ def load_response(event: LoadEvent, sequence: int) -> pb.LoadResponse:
 
 def step_progress(report) -> pb.StepProgress:
     return pb.StepProgress(step=report.step, total_steps=report.total, elapsed=duration(report.elapsed_s),
-                           eta=duration(report.eta_s))
+                           eta=duration(report.eta_s), attempt=report.attempt)
 
 
 def generate_response(event: GenerationEvent, generation_id: str, sequence: int) -> pb.GenerateResponse:

@@ -590,8 +590,10 @@ class InferenceEngine:
             job.control.still_leased = (lambda: lease.valid.is_set()) if lease is not None else (lambda: True)
             family = model.plan.family
             spec = job.spec
+            attempt = 1
             try:
                 def on_step(report):
+                    report = replace(report, attempt=attempt)
                     job.last_progress = report
                     loop.call_soon_threadsafe(job.events.put_nowait, GenerationEvent("denoising", progress=report))
 
@@ -616,6 +618,7 @@ class InferenceEngine:
                     # The compiler failed on a graph this generation needed: the model stops tracing new graphs
                     # (said in its record) and the generation runs again, its uncovered calls uncompiled.
                     await loop.run_in_executor(self._worker, partial(pipeline_builder.stop_tracing, model.built, e))
+                    attempt = 2  # its steps count from 1 again; the stream's progress says which run they are
                     out = await loop.run_in_executor(self._worker, run)
             except ServiceError as e:
                 job.events.put_nowait(e)

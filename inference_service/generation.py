@@ -144,6 +144,7 @@ class StepReport:
     total: int
     elapsed_s: float
     eta_s: float
+    attempt: int = 1  # the generation's run: 2 when it ran again after the compiler failed (engine)
 
 
 @dataclass

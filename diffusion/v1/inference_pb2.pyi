@@ -246,16 +246,18 @@ class GenerationQueued(_message.Message):
     def __init__(self, position: _Optional[int] = ...) -> None: ...
 
 class StepProgress(_message.Message):
-    __slots__ = ("step", "total_steps", "elapsed", "eta")
+    __slots__ = ("step", "total_steps", "elapsed", "eta", "attempt")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     elapsed: _duration_pb2.Duration
     eta: _duration_pb2.Duration
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class GenerateResult(_message.Message):
     __slots__ = ("image_count", "timings", "resolved", "peak_memory_bytes")

@@ -124,10 +124,17 @@ def test_a_generation_whose_new_graph_fails_to_compile_runs_it_uncompiled_and_sa
         loaded = {r.control: r for r in client.load("z", tiny_models["zimage"],
                                                     speed_mode=c.SPEED_MODE_DEFAULT)[-1].result.resolved}
         assert loaded["compile"].status == c.SETTING_STATUS_APPLIED, loaded["compile"]
-        base = pixels(result_of(client.generate("z", seeds=[3])))
+        first = client.generate("z", seeds=[3])
+        base = pixels(result_of(first))
         sentinel.write_text("")
         styled = pb.AdapterRef(adapter_id="z-style", weight=1.0)
-        adapted = result_of(client.generate("z", seeds=[3], adapters=[styled]))
+        events = client.generate("z", seeds=[3], adapters=[styled])
+        adapted = result_of(events)
+        # the steps the stream reports are the run that made the image: the second, counted from 1
+        runs = lambda stream: [(e.progress.attempt, e.progress.step) for e in stream if e.HasField("progress")]  # noqa: E731
+        steps = len(runs(first))
+        assert steps and runs(first) == [(1, k) for k in range(1, steps + 1)]
+        assert runs(events)[-steps:] == [(2, k) for k in range(1, steps + 1)], runs(events)
         said = {r.control: r for r in adapted.result.resolved}["compile"]
         assert said.status == c.SETTING_STATUS_FELL_BACK and said.applied == "compiled graphs only", said
         assert "this backend no longer compiles" in said.reason and "run uncompiled" in said.reason
