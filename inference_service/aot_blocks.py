@@ -188,6 +188,7 @@ class AotBlocks:
     misses: list[int] = field(default_factory=lambda: [0])
     installed: bool = True
     unsaved: int = 0  # graphs compiled by this load that could not be written (the log says why)
+    kind: str = "block"  # what the modules are, in the records
 
     def take_misses(self) -> int:
         count, self.misses[0] = self.misses[0], 0
@@ -205,18 +206,22 @@ class AotBlocks:
         _uninstall(self.blocks)
         self.installed = False
 
-    def record(self) -> Resolved:
+    def how(self) -> str:
+        """Where the graphs came from and how long that took: "6 graph(s) loaded from disk in 1.0s"."""
         saved = "not saved (see the log)" if self.unsaved else "saved"
         how = (f"{self.loaded} graph(s) loaded from disk" if self.loaded == self.graphs else
                f"{self.graphs - self.loaded} graph(s) compiled and {saved}" +
                (f", {self.loaded} loaded" if self.loaded else ""))
-        return Resolved(CONTROL, "on", f"{how} in {self.seconds:.1f}s", Source.EXPLICIT,
+        return f"{how} in {self.seconds:.1f}s"
+
+    def record(self) -> Resolved:
+        return Resolved(CONTROL, "on", self.how(), Source.EXPLICIT,
                         reason=f"{len(self.blocks)} repeated blocks run graphs compiled ahead of time; guards are "
                                "checked on every call, and a call no graph covers runs eagerly and is said in the "
                                "generation's record")
 
     def miss_record(self, misses: int) -> Resolved:
-        return Resolved(CONTROL, "on", f"{misses} block call(s) ran eagerly", Source.AUTO, Status.FELL_BACK,
+        return Resolved(CONTROL, "on", f"{misses} {self.kind} call(s) ran eagerly", Source.AUTO, Status.FELL_BACK,
                         reason="no graph compiled ahead of time covered these calls' inputs (their guards failed); "
                                "they ran uncompiled")
 
@@ -234,16 +239,23 @@ def fell_back(why: str) -> Resolved:
 
 def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
             fallback: Callable[[], None]) -> AotBlocks:
-    """Loads or compiles every repeated block's graphs and installs them. `capture()` runs the warm-up's calls
-    under no_grad; it is called only when some block has no graphs on disk: once eagerly, to capture every
-    distinct input of every block, then on the new graphs, to compile more for any call they do not cover
-    (VERIFY_ROUNDS at most), before they are saved. Raises AotUnavailable (with the reason) where a block
-    cannot be compiled ahead of time; nothing is installed then."""
-    t0 = time.perf_counter()
+    """Loads or compiles every repeated block's graphs and installs them (install_modules)."""
     names = getattr(denoiser, "_repeated_blocks", None) or ()
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
+    return install_modules(blocks, directory, env, capture, backend, options, fallback)
+
+
+def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[[], None], backend: str,
+                    options: dict, fallback: Callable[[], None], kind: str = "block") -> AotBlocks:
+    """Loads or compiles the graphs of `blocks` (modules; those of one structure share graphs) and installs them
+    as their forward. `capture()` runs the warm-up's calls under no_grad; it is called only when some module has
+    no graphs on disk: once eagerly, to capture every distinct input of every module, then on the new graphs, to
+    compile more for any call they do not cover (VERIFY_ROUNDS at most), before they are saved. Raises
+    AotUnavailable (with the reason) where a module cannot be compiled ahead of time; nothing is installed then.
+    `kind` names the modules in the records ("block", "VAE decoder")."""
+    t0 = time.perf_counter()
     plain_reprs(blocks)
     prune(directory, env)
     groups: dict[str, list] = {}
@@ -294,7 +306,7 @@ def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], b
         misses[0] = 0
     _install(groups, graphs, misses, None)
     count = sum(len(g) for g in graphs.values())
-    return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses, unsaved=unsaved)
+    return AotBlocks(blocks, count, loaded, time.perf_counter() - t0, fallback, misses, unsaved=unsaved, kind=kind)
 
 
 VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the calls the last one missed
@@ -425,5 +437,5 @@ def _capture_inputs(groups: dict[str, list], capture: Callable[[], None]) -> dic
             h.remove()
     for sig, calls in seen.items():
         if not calls:
-            raise AotUnavailable(f"the warm-up never called block {type(groups[sig][0]).__name__}")
+            raise AotUnavailable(f"the warm-up never called {type(groups[sig][0]).__name__}")
     return {sig: list(calls.values()) for sig, calls in seen.items()}

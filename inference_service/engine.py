@@ -631,7 +631,7 @@ class InferenceEngine:
                 job.running = False
         self._measure(model, spec, out.denoise_s)
         moves = model.built.offload.take() if model.built.offload is not None else None
-        aot_misses = model.built.aot.take_misses() if model.built.aot is not None else 0
+        aot_misses = model.built.take_aot_misses()
         # Encoding runs off the GPU worker, so the next generation can start meanwhile.
         job.events.put_nowait(GenerationEvent("encoding_images"))
         t_enc = time.perf_counter()
@@ -650,7 +650,7 @@ class InferenceEngine:
                                    *filter(None, [out.prompt_encoding, out.step_cache, out.images_per_call,
                                                   out.batch_split, out.retrace,
                                                   moves and pinned_offload.moves_record(moves),
-                                                  aot_misses and model.built.aot.miss_record(aot_misses),
+                                                  *(aot.miss_record(misses) for aot, misses in aot_misses),
                                                   self._busy.record(model.lease)])],
                                   out.peak_memory_bytes)
         metrics.generation_done(model.model_id, result, spec.steps)

@@ -21,7 +21,7 @@ from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
-from inference_service.speed_plan import vae_decoder_compile
+from inference_service.speed_plan import VAE_COMPILE_LOAD_COST, vae_decoder_compile
 from service_kit.errors import Cancelled, FailedPrecondition
 
 
@@ -36,6 +36,12 @@ class BuiltPipeline:
     prompt_cache: PromptCache | None = None  # repeated prompts skip the text encoders (engine-installed)
     offload: PinnedOffload | None = None  # the low_vram tier's model moves
     aot: aot_blocks.AotBlocks | None = None  # the blocks' graphs compiled ahead of time (--aot-blocks)
+    aot_decoder: aot_blocks.AotBlocks | None = None  # the VAE decoder's, likewise
+
+    def take_aot_misses(self) -> list[tuple[aot_blocks.AotBlocks, int]]:
+        """Each set of graphs compiled ahead of time with the calls none of them covered since the last take."""
+        return [(aot, misses) for aot in (self.aot, self.aot_decoder) if aot is not None
+                for misses in [aot.take_misses()] if misses]
 
     @property
     def size_multiple(self) -> int:
@@ -134,11 +140,21 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
         regional()
     else:  # the graphs were traced on ordinary tensors: generations run under no_grad
         built.plan = plan = replace(plan, speed=replace(speed, inference_mode=False))
-    vae_compile = vae_decoder_compile(family.key, True, speed.mode)
-    resolved.append(vae_compile)
+    vae_compile = vae_decoder_compile(family.key, True, speed.mode, ahead_of_time=bool(plan.aot_dir))
     if vae_compile.applied == "on":
-        compile_decoder(pipe.vae, plan.compile_backend)
+        planned = list(resolved)
         _decode_one_at_a_time(pipe.vae, resolved)
+        if plan.aot_dir:
+            vae_compile = _decoder_ahead_of_time(pipe, plan, built, on_phase, vae_compile)
+            if vae_compile.applied == "off":  # eager after all: the memory plan's slicing again
+                if not plan.memory.vae_slicing:
+                    pipe.vae.disable_slicing()
+                resolved[:] = planned
+            elif built.aot_decoder is not None and plan.speed.inference_mode:  # traced on ordinary tensors too
+                built.plan = plan = replace(plan, speed=replace(plan.speed, inference_mode=False))
+        else:
+            compile_decoder(pipe.vae, plan.compile_backend)
+    resolved.append(vae_compile)
     _check(abort, "compiling")
     on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
                         f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
@@ -147,10 +163,12 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
                      decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES,
                      inference_mode=plan.speed.inference_mode)
     built.compile_warmup_s = time.perf_counter() - t0
+    decoder_misses = built.aot_decoder.take_misses() if built.aot_decoder is not None else 0
     if built.aot is not None:
         misses = built.aot.take_misses()
         why = (f"calls of one image and of two on the blocks' graphs compiled ahead of time ({traced[0]} and "
-               f"{traced[1]} other graphs traced; {misses} block calls no graph covered)")
+               f"{traced[1]} other graphs traced; {misses} block calls no graph covered"
+               f"{f', {decoder_misses} decoder calls' if built.aot_decoder is not None else ''})")
     else:
         why = (f"calls of one image and of two ({traced[0]} and {traced[1]} graphs traced: some families' blocks "
                "tell one image from several); a warm compile cache spares the next process the inductor compile, "
@@ -184,9 +202,10 @@ def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseE
     compile give way to one that says it fell back and why, and generations run under inference_mode."""
     import logging
 
-    if built.aot is not None:
-        built.aot.discard()
-        built.aot = None
+    for aot in (built.aot, built.aot_decoder):
+        if aot is not None:
+            aot.discard()
+    built.aot = built.aot_decoder = None
     uncompile(getattr(pipe, family.denoiser))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if decoder is not None:
@@ -348,6 +367,45 @@ def _ahead_of_time(pipe, plan: LoadPlan, built: BuiltPipeline, regional: Callabl
         return None
     resolved.append(aot.record())
     return aot
+
+
+def _decoder_ahead_of_time(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str, str], None],
+                           record: Resolved) -> Resolved:
+    """The VAE decoder's graph from disk, or compiled ahead of time (channels-last, dynamic shapes) and saved.
+    Where it cannot be: speed mode MAX compiles it the regular way; DEFAULT, which would not pay that compile on
+    every load, leaves it eager. Either is said in the returned record."""
+    from pathlib import Path
+
+    import torch
+
+    vae, family = pipe.vae, plan.family
+    vae.to(memory_format=torch.channels_last)
+    on_phase("compiling", "the VAE decoder's graph compiled ahead of time: loading it, or compiling and saving")
+    flags = backend_flags.snapshot()
+    env = aot_blocks.environment(plan.device, {
+        "module": "vae_decoder", "backend": plan.compile_backend, "dtype": str(vae.dtype), "channels_last": True,
+        "tf32": flags.cuda_matmul_tf32, "cudnn_benchmark": flags.cudnn_benchmark,
+        "size_oblivious": flags.size_oblivious, "duck_shape": flags.duck_shape})
+
+    def capture() -> None:  # the pipeline's own decode, one image at a time (_decode_one_at_a_time)
+        warm_up(pipe, family, built.size_multiple, plan.warmup_resolution, decode=True, batches=WARM_UP_BATCHES,
+                inference_mode=False)
+
+    try:
+        built.aot_decoder = aot_blocks.install_modules(
+            [vae.decoder], Path(plan.aot_dir), env, capture, plan.compile_backend, {},
+            fallback=lambda: compile_decoder(vae, plan.compile_backend), kind="VAE decoder")
+    except aot_blocks.AotUnavailable as e:
+        if plan.speed.mode == "max":
+            compile_decoder(vae, plan.compile_backend)
+            return Resolved("vae_decoder_compile", "", "on", Source.AUTO, Status.FELL_BACK,
+                            reason=f"not compiled ahead of time ({e.why}); compiled in this process")
+        vae.to(memory_format=torch.contiguous_format)
+        return Resolved("vae_decoder_compile", "", "off", Source.AUTO, Status.FELL_BACK,
+                        reason=f"not compiled ahead of time ({e.why}); it runs eagerly rather than pay "
+                               f"{VAE_COMPILE_LOAD_COST} on every load")
+    return Resolved("vae_decoder_compile", "", "on", Source.AUTO,
+                    reason=f"{record.reason}: {built.aot_decoder.how()}")
 
 
 def compile_decoder(vae, backend: str) -> None:

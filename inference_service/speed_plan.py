@@ -51,24 +51,31 @@ def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> d
 # The families whose VAE is diffusers' AutoencoderKL with the FLUX.1 decoder, where a compiled decoder was
 # measured on an H200 (docs/bench/inference.md): a 1024x1024 decode 89 -> 37 ms, 48 dB from eager, but its
 # dynamic-shape compile added about 70 s to a Z-Image fp8 load (10 -> 80 s). So it is part of speed mode MAX,
-# whose loads already spend a minute or more compiling, and not of DEFAULT. Qwen-Image's video VAE decodes
-# frame by frame through a Python-side cache, and SDXL's upcasts to fp32 on some calls: neither was measured.
+# whose loads already spend a minute or more compiling, and of DEFAULT only where the service keeps graphs
+# compiled ahead of time (--aot-blocks): there only the first process pays the compile, and later ones load the
+# decoder's graph. Qwen-Image's video VAE decodes frame by frame through a Python-side cache, and SDXL's upcasts
+# to fp32 on some calls: neither was measured.
 VAE_COMPILE_FAMILIES = ("zimage", "flux1")
 VAE_COMPILE_LOAD_COST = "about 70 s more compiling at load (a Z-Image fp8 load on an H200: 10 -> 80 s)"
 
 
-def vae_decoder_compile(family: str, compiled: bool, mode: str) -> Resolved:
-    """Whether the VAE decoder is compiled (channels-last) along with the denoiser, in speed mode `mode`."""
+def vae_decoder_compile(family: str, compiled: bool, mode: str, ahead_of_time: bool = False) -> Resolved:
+    """Whether the VAE decoder is compiled (channels-last) along with the denoiser, in speed mode `mode`;
+    `ahead_of_time`: the service keeps compiled graphs across processes (--aot-blocks)."""
     if not compiled:
         return Resolved("vae_decoder_compile", "", "off", Source.AUTO,
                         reason="the denoiser is not compiled, so neither is the decoder")
     if family not in VAE_COMPILE_FAMILIES:
         return Resolved("vae_decoder_compile", "", "off", Source.AUTO, Status.UNSUPPORTED,
                         f"a compiled decoder is measured for {', '.join(VAE_COMPILE_FAMILIES)} only")
+    if ahead_of_time:
+        return Resolved("vae_decoder_compile", "", "on", Source.AUTO,
+                        reason="channels-last, compiled ahead of time (dynamic shapes): the first process compiles "
+                               "and saves the decoder's graph, later ones load it")
     if mode != "max":
         return Resolved("vae_decoder_compile", "", "off", Source.AUTO,
-                        reason=f"compiled in speed mode MAX only: it saves about 50 ms per 1024x1024 image for "
-                               f"{VAE_COMPILE_LOAD_COST}")
+                        reason=f"compiled in speed mode MAX, or with graphs kept across processes (--aot-blocks), "
+                               f"only: it saves about 50 ms per 1024x1024 image for {VAE_COMPILE_LOAD_COST}")
     return Resolved("vae_decoder_compile", "", "on", Source.AUTO,
                     reason="channels-last, torch.compile(dynamic=True) of the decoder's forward; compiled at load")
 
