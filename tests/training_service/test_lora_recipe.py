@@ -284,25 +284,35 @@ def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny
     assert gate.yielded_s == pytest.approx(steps[2]["yielded_s"], abs=0.05)
 
 
+def register_backend_once(name: str, compiler) -> None:
+    """A dynamo backend for the compile-failure tests, registered once per process."""
+    from torch._dynamo import list_backends, register_backend
+
+    if name not in list_backends(exclude_tags=()):
+        register_backend(name=name)(compiler)
+
+
+def said_fell_back_once(events, message: str, control: str) -> None:
+    """The job was told once: one COMPILE_FELL_BACK warning with `message`, one FELL_BACK record of `control`."""
+    warnings = [d for k, d in events if k == "warning"]
+    assert [w["reason"] for w in warnings] == ["COMPILE_FELL_BACK"], warnings
+    assert message in warnings[0]["message"]
+    (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert (record["control"], record["applied"], record["status"]) == (
+        control, "eager", "SETTING_STATUS_FELL_BACK"), record
+
+
 def test_a_compiler_that_fails_on_the_first_step_trains_uncompiled_and_says_so(tiny_models, examples):
     """The first step traces the compiled blocks; a compiler failure there failed the whole job. Now the blocks
     run uncompiled, the step runs again with the same noise, the job is told (COMPILE_FELL_BACK), and the losses
     are the eager run's."""
-    from torch._dynamo import list_backends, register_backend
-
-    if "fails_to_compile" not in list_backends(exclude_tags=()):
-        def fails(gm, example_inputs):
-            raise RuntimeError("this backend cannot compile any graph")
-        register_backend(name="fails_to_compile")(fails)
+    def fails(gm, example_inputs):
+        raise RuntimeError("this backend cannot compile any graph")
+    register_backend_once("fails_to_compile", fails)
     events = []
     fell_back = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="fails_to_compile"), events)
     eager = run(config(tiny_models, examples, steps=3)).state.losses
-    warnings = [d for k, d in events if k == "warning"]
-    assert [w["reason"] for w in warnings] == ["COMPILE_FELL_BACK"], warnings
-    assert "this backend cannot compile any graph" in warnings[0]["message"]
-    (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"]]
-    assert (record["control"], record["applied"], record["status"]) == (
-        "speed_mode", "eager", "SETTING_STATUS_FELL_BACK"), record
+    said_fell_back_once(events, "this backend cannot compile any graph", "speed_mode")
     assert [d["step"] for k, d in events if k == "step"] == [1, 2, 3] and not fell_back.compiled
     assert fell_back.state.losses == pytest.approx(eager, rel=1e-5)
 
@@ -311,24 +321,17 @@ def test_a_compiler_that_fails_on_the_sample_images_renders_them_uncompiled(tiny
     """Sample images run the compiled blocks without gradients, which traces new graphs mid-job; a compiler
     failure there failed the whole job after its steps had trained. Now the samples render uncompiled, training
     stays compiled, and the job is told once (COMPILE_FELL_BACK, a `sample_compile` record)."""
-    from torch._dynamo import list_backends, register_backend
     from torch._dynamo.backends.debugging import aot_eager
 
-    if "fails_without_grad" not in list_backends(exclude_tags=()):
-        def fails_without_grad(gm, example_inputs):
-            if not torch.is_grad_enabled():
-                raise RuntimeError("this backend cannot compile a graph without gradients")
-            return aot_eager(gm, example_inputs)
-        register_backend(name="fails_without_grad")(fails_without_grad)
+    def fails_without_grad(gm, example_inputs):
+        if not torch.is_grad_enabled():
+            raise RuntimeError("this backend cannot compile a graph without gradients")
+        return aot_eager(gm, example_inputs)
+    register_backend_once("fails_without_grad", fails_without_grad)
     events = []
     recipe = run(config(tiny_models, examples, steps=4, sample_every=2, sample_prompts=["a red card"], compile=True,
                         compile_backend="fails_without_grad"), events, sample_dir=tmp_path / "samples")
     assert [d["step"] for k, d in events if k == "step"] == [1, 2, 3, 4] and recipe.compiled
     samples = [d for k, d in events if k == "sample"]
     assert [s["step"] for s in samples] == [2, 4] and all(Path(s["path"]).is_file() for s in samples)
-    warnings = [d for k, d in events if k == "warning"]
-    assert [w["reason"] for w in warnings] == ["COMPILE_FELL_BACK"], warnings
-    assert "cannot compile a graph without gradients" in warnings[0]["message"]
-    (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"]]
-    assert (record["control"], record["applied"], record["status"]) == (
-        "sample_compile", "eager", "SETTING_STATUS_FELL_BACK"), record
+    said_fell_back_once(events, "cannot compile a graph without gradients", "sample_compile")
