@@ -140,18 +140,18 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
         regional()
     else:  # the graphs were traced on ordinary tensors: generations run under no_grad
         built.plan = plan = replace(plan, speed=replace(speed, inference_mode=False))
-    vae_compile = vae_decoder_compile(family.key, True, speed.mode, ahead_of_time=bool(plan.aot_dir))
+    # The decoder's graph joins the blocks' where they were compiled ahead of time; where they fell back (a backend
+    # that cannot save, a remembered failure) it would too, after one more traced warm-up.
+    vae_compile = vae_decoder_compile(family.key, True, speed.mode, ahead_of_time=built.aot is not None)
     if vae_compile.applied == "on":
         planned = list(resolved)
         _decode_one_at_a_time(pipe.vae, resolved)
-        if plan.aot_dir:
+        if built.aot is not None:  # generations already run under no_grad, as the decoder's graph is traced
             vae_compile = _decoder_ahead_of_time(pipe, plan, built, on_phase, vae_compile)
             if vae_compile.applied == "off":  # eager after all: the memory plan's slicing again
                 if not plan.memory.vae_slicing:
                     pipe.vae.disable_slicing()
                 resolved[:] = planned
-            elif built.aot_decoder is not None and plan.speed.inference_mode:  # traced on ordinary tensors too
-                built.plan = plan = replace(plan, speed=replace(plan.speed, inference_mode=False))
         else:
             compile_decoder(pipe.vae, plan.compile_backend)
     resolved.append(vae_compile)
