@@ -12,10 +12,10 @@ compiled blocks run eagerly (`torch.compiler.set_stance("force_eager")`) under t
 is set against --peak-tflops (bf16 dense, measured by the baseline probe on the H200; an fp8 mode's MFU is also
 given against twice that). The top kernels go to PROFILES/<family>-<mode>-denoise.txt.
 
-A mode named "<mode>+cudagraphs" is an experiment, not a service option: <mode>'s compiled blocks also get
-inductor's CUDA graphs (`triton.cudagraphs`), with `torch.compiler.cudagraph_mark_step_begin()` before each
-replayed step. Beside <mode> in one run, it tells whether a step that leaves the GPU idle between launches is
-host-bound.
+A compiled mode on a CUDA device runs as the service runs it: its denoiser's calls replay CUDA graphs
+(inference_service.step_graphs) unless the service's --no-cuda-graphs is given. "<mode>+nographs" is <mode> with
+them off, so that beside <mode> in one run it tells what the graphs save on a step whose GPU idles between
+launches.
 
 --tiny: the tiny pipeline on this host with the aot_eager backend, a dry run of the plumbing; on a CPU the
 profiler's CPU ops stand in for kernels.
@@ -111,9 +111,9 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=790.0)
     p.add_argument("--tiny", action="store_true")
     args = p.parse_args()
-    unknown = [m for m in args.modes.split(",") if m.partition("+")[2] not in ("", "cudagraphs")]
+    unknown = [m for m in args.modes.split(",") if m.partition("+")[2] not in ("", "nographs")]
     if unknown:
-        p.error(f"unknown variant in {', '.join(unknown)}: the one variant is +cudagraphs")
+        p.error(f"unknown variant in {', '.join(unknown)}: the one variant is +nographs")
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -138,20 +138,14 @@ def main() -> None:
     caps = probe_host()
     settings = EngineSettings(compile_backend="aot_eager" if args.tiny else "inductor", warmup_resolution=size,
                               quant_min_features=16 if args.tiny else 1024)
+    no_graphs = replace(settings, cuda_graphs=False)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for label in filter(None, args.modes.split(",")):
         mode, _, variant = label.partition("+")
-        graphs = variant == "cudagraphs"
         req = convert.load_request(ipb.LoadRequest(model_id=mode, source=c.ModelSource(local_dir=str(base)),
                                                    **MODES[mode]))
         source = resolve_source(req.source, None, Roots.of([str(args.workdir)], "--model-root"))
-        plan = plan_load(req, source, caps, settings)
-        if graphs:
-            if not (cuda and plan.speed.compile):
-                record(label, "ran", 0, "bool", detail="CUDA graphs need a compiled denoiser on a CUDA device")
-                continue
-            plan = replace(plan, speed=replace(plan.speed, compile_options={**plan.speed.compile_options,
-                                                                            "triton.cudagraphs": True}))
+        plan = plan_load(req, source, caps, no_graphs if variant == "nographs" else settings)
         t0 = time.perf_counter()
         built = pipeline_builder.build(plan, lambda *_: None)
         load_s = time.perf_counter() - t0
@@ -161,8 +155,6 @@ def main() -> None:
             calls = capture_first_step(built.pipe, family, size)
 
             def step():
-                if graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 for call_args, call_kwargs in calls:
                     denoiser(*call_args, **call_kwargs)
 
@@ -187,6 +179,7 @@ def main() -> None:
                     step()
                 sync()
             step_ms = statistics.median(times) * 1000
+            graph_calls = built.graphs.take() if built.graphs is not None else None
             flops = counter.get_total_flops()
             averages = prof.key_averages()
             if cuda:  # the kernels themselves (one stream: their times do not overlap)
@@ -200,7 +193,8 @@ def main() -> None:
             quantised = plan.quant.transformer is not None
             extra = dict(calls_per_step=len(calls), load_s=round(load_s, 1),
                          denoiser="compiled" if plan.speed.compile else "eager",
-                         transformer=str(plan.quant.transformer or plan.dtype))
+                         transformer=str(plan.quant.transformer or plan.dtype),
+                         graph_replays=graph_calls.replayed if graph_calls else 0)
             record(label, "step_ms", step_ms, "ms", **extra)
             record(label, "gpu_busy_share", busy_s / profiled_s, "ratio", **extra)
             record(label, "launches_per_step" if cuda else "cpu_ops_per_step", launches / args.profile_steps,

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aot-blocks", action="store_true",
                    help="compiled loads keep the repeated blocks' graphs, compiled ahead of time, under the compile "
                         "cache and load them instead of tracing again (a faster second-process warm-up)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="a compiled, resident denoiser replays each call shape's kernels as one CUDA graph from its "
+                        "second call on (--no-cuda-graphs: every call launches its kernels)")
     p.add_argument("--quant-min-features", type=int, default=1024,
                    help="quantise only linear layers with at least this many input and output features")
     p.add_argument("--adapter-store", type=Path, default=default_data_dir() / "adapters",
@@ -90,7 +93,8 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
     engine = InferenceEngine(caps, EngineSettings(args.quant_min_features, args.compile_backend, args.warmup_resolution,
                                                    args.lora_max_rank, args.keep_alive, args.busy_linger,
                                                    args.prompt_cache_mib * 2**20,
-                                                   str(args.compile_cache_dir / "aot-blocks") if args.aot_blocks else ""),
+                                                   str(args.compile_cache_dir / "aot-blocks") if args.aot_blocks else "",
+                                                   args.cuda_graphs),
                              broker=broker, client_id=args.client_id, max_queue_depth=args.max_queue_depth,
                              reload_after_preempt=args.reload_after_preempt, probe_free_memory=probe_free,
                              reload_on_demand=args.reload_on_demand,

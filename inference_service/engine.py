@@ -26,7 +26,7 @@ from diffusion_kit.model_sources import HubRepo
 from diffusion_kit.path_roots import Roots
 from diffusion_kit.resolved import Resolved, Source
 from inference_service import (generation, lora_runtime, metrics, pinned_offload, pipeline_builder, prompt_cache,
-                               step_cache)
+                               step_cache, step_graphs)
 from inference_service.busy_signal import BusySignal
 from inference_service.image_encoding import MIME, encode_image
 from inference_service.load_plan import EngineSettings, LoadPlan, check_request, plan_load
@@ -603,11 +603,11 @@ class InferenceEngine:
 
                 if model.built.offload is not None:
                     model.built.offload.take()  # moves of a generation that failed are not this one's
-                aot = model.built.aot
+                if model.built.graphs is not None:
+                    model.built.graphs.take()  # nor its graph replays
                 adapter_records = await loop.run_in_executor(self._worker, partial(
                     lora_runtime.apply_adapters, model.built.pipe, self.adapters, spec.adapters, model.lora,
-                    self.client_id, model.plan.speed.compile,
-                    on_first_adapter=aot.uninstall if aot is not None and aot.installed else None))
+                    self.client_id, model.plan.speed.compile, on_first_adapter=model.built.before_first_adapter))
                 run = partial(generation.run, model.built.pipe, family, spec, job.control, on_step, on_phase,
                               model.plan.speed.inference_mode, model.plan.memory.vae_tiling, model.built.prompt_cache)
                 try:
@@ -632,6 +632,9 @@ class InferenceEngine:
         self._measure(model, spec, out.denoise_s)
         moves = model.built.offload.take() if model.built.offload is not None else None
         aot_misses = model.built.take_aot_misses()
+        graphs = model.built.graphs
+        graph_use = graphs and step_graphs.record(graphs.take(), graphs.failed)
+        pipeline_builder.say_if_graphs_fell_back(model.built, model.built.resolved)
         # Encoding runs off the GPU worker, so the next generation can start meanwhile.
         job.events.put_nowait(GenerationEvent("encoding_images"))
         t_enc = time.perf_counter()
@@ -648,7 +651,7 @@ class InferenceEngine:
                                   now - t_enc, now - job.enqueued_at,
                                   [*model_resolved, *spec.resolved, *adapter_records, out.tiling,
                                    *filter(None, [out.prompt_encoding, out.step_cache, out.images_per_call,
-                                                  out.batch_split, out.retrace,
+                                                  out.batch_split, out.retrace, graph_use,
                                                   moves and pinned_offload.moves_record(moves),
                                                   *(aot.miss_record(misses) for aot, misses in aot_misses),
                                                   self._busy.record(model.lease)])],

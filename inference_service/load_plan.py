@@ -10,7 +10,7 @@ from diffusion_kit.families import FamilySpec
 from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source
-from inference_service import image_room
+from inference_service import image_room, step_graphs
 from inference_service.keep_alive import resolve_keep_alive
 from inference_service.memory_plan import MemoryPlan, need_for, plan_memory
 from inference_service.model_source import SourceFiles
@@ -30,6 +30,7 @@ class EngineSettings:
     busy_linger_s: float = 0.5  # --busy-linger: how long the lease stays marked busy after the queue empties
     prompt_cache_bytes: int = 1 << 30  # --prompt-cache-mib: host memory for repeated prompts' embeddings; 0 off
     aot_blocks_dir: str = ""  # --aot-blocks: where compiled blocks' graphs are kept across processes; "" off
+    cuda_graphs: bool = True  # --no-cuda-graphs: compiled denoisers never replay CUDA graphs (step_graphs)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class LoadPlan:
     keep_alive_s: float | None = None  # idle seconds before the model is unloaded; None: never
     pixels_per_call: int = image_room.MEASURED_PIXELS  # the image room its lease is planned for (image_room)
     aot_dir: str = ""  # compiled loads: where the blocks' ahead-of-time graphs are kept (aot_blocks); "" off
+    cuda_graphs: bool = False  # the denoiser's calls replay CUDA graphs (step_graphs)
 
 
 def check_request(req: LoadRequest) -> None:
@@ -95,7 +97,9 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
                        memory_mode=memory.mode, compile_backend=settings.compile_backend)
     lease, on_device, where = _quantise_where(source, dtype, quant, memory, caps)
     keep_alive, keep_alive_record = resolve_keep_alive(req.keep_alive_s, settings.keep_alive_s)
-    resolved = [dtype_record, *quant.resolved, *memory.resolved, room_record, *speed.resolved, *where,
+    graphs = step_graphs.plan(enabled=settings.cuda_graphs, device_kind=caps.device_kind, compiled=speed.compile,
+                              memory_mode=memory.mode)
+    resolved = [dtype_record, *quant.resolved, *memory.resolved, room_record, *speed.resolved, graphs, *where,
                 keep_alive_record]
     return LoadPlan(model_id=req.model_id, family=family, source=source, dtype=dtype, quant=quant, memory=memory,
                     speed=speed, device=device, quant_min_features=settings.quant_min_features,
@@ -103,7 +107,7 @@ def plan_load(req: LoadRequest, source: SourceFiles, caps: HostCaps, settings: E
                     warmup_resolution=image_room.warmup_side(settings.warmup_resolution, pixels),
                     resolved=resolved, footprint_bytes=footprint, lora_max_rank=settings.lora_max_rank,
                     lease_bytes=lease, quantize_on_device=on_device, keep_alive_s=keep_alive, pixels_per_call=pixels,
-                    aot_dir=settings.aot_blocks_dir if speed.compile else "")
+                    aot_dir=settings.aot_blocks_dir if speed.compile else "", cuda_graphs=graphs.applied == "on")
 
 
 def _quantise_where(source: SourceFiles, dtype: Precision, quant: QuantChoice, memory: MemoryPlan,

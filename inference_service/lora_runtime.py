@@ -49,9 +49,10 @@ def check_adapters(store: AdapterStore | None, uses, family: FamilySpec, compile
 
 
 def apply_adapters(pipe, store: AdapterStore | None, uses, state: LoraState, holder: str,
-                   compiled: bool, on_first_adapter: Callable[[], None] | None = None) -> list[Resolved]:
+                   compiled: bool, on_first_adapter: Callable[[], str] | None = None) -> list[Resolved]:
     """Runs on the GPU worker before the pipeline call. `on_first_adapter`: called before a compiled model's first
-    adapter changes its blocks (graphs compiled ahead of time give way to the regular compile)."""
+    adapter changes its blocks (what was captured or compiled ahead of time for them gives way); it returns what
+    gave way, for the record, or ""."""
     if compiled:
         return _apply_hotswap(pipe, store, uses, state, holder, on_first_adapter)
     records = []
@@ -73,7 +74,7 @@ def apply_adapters(pipe, store: AdapterStore | None, uses, state: LoraState, hol
 
 
 def _apply_hotswap(pipe, store: AdapterStore, uses, state: LoraState, holder: str,
-                   on_first_adapter: Callable[[], None] | None) -> list[Resolved]:
+                   on_first_adapter: Callable[[], str] | None) -> list[Resolved]:
     if not uses:
         if state.slot_adapter is not None:
             _set_slot_weight(pipe, 0.0)  # weight 0 is the base image exactly, with no graph change
@@ -82,12 +83,11 @@ def _apply_hotswap(pipe, store: AdapterStore, uses, state: LoraState, holder: st
     records = []
     path = str(store.path(use.adapter_id))
     if state.slot_adapter is None:
-        if on_first_adapter is not None:
-            on_first_adapter()
+        gave_way = on_first_adapter() if on_first_adapter is not None else ""
         pipe.load_lora_weights(path, weight_name=WEIGHTS, adapter_name=SLOT)
         records.append(Resolved("adapter_hotswap", "on", "on", Source.AUTO, Status.APPLIED,
                                 "first adapter on this compiled model: the blocks recompile once" +
-                                (" (their graphs compiled ahead of time hold no adapter)" if on_first_adapter else "")))
+                                (f" ({gave_way})" if gave_way else "")))
     elif state.slot_adapter != use.adapter_id:
         pipe.load_lora_weights(path, weight_name=WEIGHTS, adapter_name=SLOT, hotswap=True)
         store.unpin(state.slot_adapter, holder)

@@ -16,12 +16,13 @@ from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompi
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import aot_blocks, backend_flags
+from inference_service import aot_blocks, backend_flags, step_graphs
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import VAE_COMPILE_LOAD_COST, vae_decoder_compile
+from inference_service.step_graphs import StepGraphs
 from service_kit.errors import Cancelled, FailedPrecondition
 
 
@@ -37,6 +38,17 @@ class BuiltPipeline:
     offload: PinnedOffload | None = None  # the low_vram tier's model moves
     aot: aot_blocks.AotBlocks | None = None  # the blocks' graphs compiled ahead of time (--aot-blocks)
     aot_decoder: aot_blocks.AotBlocks | None = None  # the VAE decoder's, likewise
+    graphs: StepGraphs | None = None  # the denoiser's calls replayed as CUDA graphs (step_graphs)
+
+    def before_first_adapter(self) -> str:
+        """A compiled model's first adapter is about to add layers to its blocks: what was captured or compiled
+        for the blocks without them gives way. Returns what gave way, for the adapter's record."""
+        if self.graphs is not None:
+            self.graphs.forget()
+        if self.aot is not None and self.aot.installed:
+            self.aot.uninstall()
+            return "their graphs compiled ahead of time hold no adapter"
+        return ""
 
     def take_aot_misses(self) -> list[tuple[aot_blocks.AotBlocks, int]]:
         """Each set of graphs compiled ahead of time with the calls none of them covered since the last take."""
@@ -156,6 +168,9 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
             compile_decoder(pipe.vae, plan.compile_backend)
     resolved.append(vae_compile)
     _check(abort, "compiling")
+    if plan.cuda_graphs:  # before the warm-up, whose second step captures: a capture that fails does so at load
+        built.graphs = StepGraphs(denoiser)
+        built.graphs.install()
     on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
                         f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
     t0 = time.perf_counter()
@@ -163,6 +178,9 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
                      decode=vae_compile.applied == "on", batches=WARM_UP_BATCHES,
                      inference_mode=plan.speed.inference_mode)
     built.compile_warmup_s = time.perf_counter() - t0
+    if built.graphs is not None:
+        built.graphs.take()  # the warm-up's calls are no generation's
+        say_if_graphs_fell_back(built, resolved)
     decoder_misses = built.aot_decoder.take_misses() if built.aot_decoder is not None else 0
     if built.aot is not None:
         misses = built.aot.take_misses()
@@ -174,6 +192,14 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
                "tell one image from several); a warm compile cache spares the next process the inductor compile, "
                "not the tracing (measured: docs/bench/inference.md)")
     resolved.append(Resolved("compile_warmup", "", f"{built.compile_warmup_s:.1f}s", Source.AUTO, reason=why))
+
+
+def say_if_graphs_fell_back(built: BuiltPipeline, resolved: list[Resolved]) -> None:
+    """Once a capture has failed (at the warm-up or in a generation), the model's record says graphs are off and
+    why, in place of the plan's."""
+    if built.graphs is not None and built.graphs.failed is not None:
+        resolved[:] = [r for r in resolved if r.control != step_graphs.CONTROL] + [
+            step_graphs.record(step_graphs.Counts(), built.graphs.failed)]
 
 
 def stop_tracing(built: BuiltPipeline, error: BaseException) -> None:
@@ -206,6 +232,9 @@ def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseE
         if aot is not None:
             aot.discard()
     built.aot = built.aot_decoder = None
+    if built.graphs is not None:
+        built.graphs.uninstall()
+        built.graphs = None
     uncompile(getattr(pipe, family.denoiser))
     decoder = getattr(getattr(pipe, "vae", None), "decoder", None)
     if decoder is not None:
@@ -215,11 +244,12 @@ def _run_uncompiled(pipe, family: FamilySpec, built: BuiltPipeline, error: BaseE
         "the compile failed; the model runs uncompiled", extra={"fields": {
             "event": "compile.fell_back", "model_family": family.key, "error": why}})
     kept = [r for r in resolved if r.control not in ("compile", "compile_warmup", "vae_decoder_compile",
-                                                      aot_blocks.CONTROL)]
+                                                      aot_blocks.CONTROL, step_graphs.CONTROL)]
     resolved[:] = kept + [Resolved("compile", "on", "off", Source.AUTO, Status.FELL_BACK,
-                                   reason=f"the compiler failed on this model ({why}); it runs uncompiled")]
+                                   reason=f"the compiler failed on this model ({why}); it runs uncompiled"),
+                          step_graphs.plan(enabled=True, device_kind="", compiled=False, memory_mode="")]
     built.plan = replace(built.plan, speed=replace(built.plan.speed, compile=False, compile_options={},
-                                                   inference_mode=True))
+                                                   inference_mode=True), cuda_graphs=False)
     built.compile_warmup_s = None
     # One eager call, so that an error of the model itself (which the compiler may have met first) fails the load
     # here rather than the first generation.
@@ -462,6 +492,9 @@ def unload(built: BuiltPipeline) -> int:
     before = torch.cuda.memory_allocated(built.plan.device) if cuda else 0
     pipe = built.pipe
     built.pipe = None
+    if built.graphs is not None:
+        built.graphs.uninstall()
+        built.graphs = None
     if built.offload is not None:
         built.offload.close()
     if hasattr(pipe, "remove_all_hooks"):
