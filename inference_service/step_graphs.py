@@ -186,9 +186,11 @@ class StepGraphs:
             if not all(o is None or isinstance(o, (torch.Tensor, bool, int, float, str)) for o in outputs):
                 raise TypeError(f"the denoiser returned {', '.join(sorted({type(o).__name__ for o in outputs}))}")
         except torch.OutOfMemoryError:
+            _release_rng_from_capture()
             self.forget()
             raise
         except Exception as e:  # noqa: BLE001 - any capture failure turns graphs off, said in the record
+            _release_rng_from_capture()
             self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
             self.forget()
             log.warning("CUDA graph capture failed; the denoiser runs without graphs", extra={"fields": {
@@ -200,6 +202,22 @@ class StepGraphs:
     def _evict(self) -> None:
         while len(self.graphs) > SLOTS:
             self.graphs.popitem(last=False)
+
+
+def _release_rng_from_capture() -> None:
+    """A capture that failed leaves the device's default random generator marked as capturing (torch ends its
+    capture only when the graph's own end succeeds), and every later use of it fails ("Offset increment outside
+    graph capture", measured: it failed the next compile of a model on that device). The generator gets a fresh
+    state with the same seed and offset."""
+    import torch
+
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    fresh = torch.Generator(device=generator.device)
+    try:
+        fresh.set_state(generator.get_state())
+    except RuntimeError:  # the state cannot be read back: a fresh seed is still better than a generator that fails
+        fresh.seed()
+    generator.graphsafe_set_state(fresh.graphsafe_get_state())
 
 
 def _outputs(entry: _Graph):

@@ -63,7 +63,7 @@ def test_cuda_mode_runs_and_stays_close(cuda_service, tiny_models, family, mode)
     base = reference(cuda_service, tiny_models[family])
     s = settings(cuda_service.load("m", tiny_models[family], compute_precision=c.PRECISION_BF16, **fields))
     for control, fragment in expected.items():
-        assert fragment in s[control].applied, (control, s[control].applied)
+        assert fragment in s[control].applied, (control, s[control].applied, s.get("cuda_graphs"))
     if "transformer_precision" in fields:
         layers = s["transformer_quantized_layers"]
         done, total = map(int, layers.applied.split(" of "))
