@@ -22,7 +22,6 @@ from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
 from inference_service.prompt_cache import PromptCache
 from inference_service.speed_plan import VAE_COMPILE_LOAD_COST, vae_decoder_compile
-from inference_service.step_graphs import StepGraphs
 from service_kit.errors import Cancelled, FailedPrecondition
 
 
@@ -38,7 +37,7 @@ class BuiltPipeline:
     offload: PinnedOffload | None = None  # the low_vram tier's model moves
     aot: aot_blocks.AotBlocks | None = None  # the blocks' graphs compiled ahead of time (--aot-blocks)
     aot_decoder: aot_blocks.AotBlocks | None = None  # the VAE decoder's, likewise
-    graphs: StepGraphs | None = None  # the denoiser's calls replayed as CUDA graphs (step_graphs)
+    graphs: step_graphs.StepGraphs | None = None  # the denoiser's calls replayed as CUDA graphs (step_graphs)
 
     def before_first_adapter(self) -> str:
         """A compiled model's first adapter is about to add layers to its blocks: what was captured or compiled
@@ -169,7 +168,7 @@ def _compile(pipe, plan: LoadPlan, built: BuiltPipeline, on_phase: Callable[[str
     resolved.append(vae_compile)
     _check(abort, "compiling")
     if plan.cuda_graphs:  # before the warm-up, whose second step captures: a capture that fails does so at load
-        built.graphs = StepGraphs(denoiser)
+        built.graphs = step_graphs.StepGraphs(denoiser)
         built.graphs.install()
     on_phase("warming", f"first call at {plan.warmup_resolution}px compiles the blocks"
                         f"{' and the VAE decoder' if vae_compile.applied == 'on' else ''}")
