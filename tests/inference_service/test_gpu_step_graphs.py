@@ -106,10 +106,16 @@ def test_a_compiled_model_replays_its_calls_adapters_included(tiny_models, tmp_p
     assert set(said[False]) == {"off"}  # the model's record: no generation adds one
     assert not np.array_equal(images[True][0], images[True][2])  # the adapter changed the image
     assert not np.array_equal(images[True][4], images[True][5])  # and so did its weight
-    # Two CUDA processes differ by a level or two (each picks its own cuDNN algorithms): a stale adapter or
-    # weight would differ by far more.
-    for i, (with_graphs, without) in enumerate(zip(images[True], images[False], strict=True)):
-        assert np.abs(with_graphs - without).max() <= 2, (i, np.abs(with_graphs - without).max())
+    # Two CUDA processes differ by a few levels (each picks its own cuDNN and cuBLAS algorithms, and a capture
+    # runs on its own stream and workspace), so the pixels alone cannot tell a stale adapter from that noise on
+    # a tiny model. What can: each image from the graphs is nearest to the image without graphs of the same
+    # adapters and weight, never to one of another state (which a stale adapter or weight would give).
+    state = [tuple((a, w) for a, w in adapters if w) for adapters in runs]
+    for i, with_graphs in enumerate(images[True]):
+        distance = [np.abs(with_graphs - without).mean() for without in images[False]]
+        nearest = min(range(len(runs)), key=distance.__getitem__)
+        assert state[nearest] == state[i], (i, nearest, [round(float(d), 3) for d in distance])
+        assert np.abs(with_graphs - images[False][i]).max() <= 4 and distance[i] < 0.5, (i, distance[i])
 
 
 def test_a_capture_that_fails_turns_graphs_off_and_leaves_the_device_usable():
