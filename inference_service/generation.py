@@ -265,6 +265,8 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
                 f"{control.cancel_reason}", reason="GENERATION_CANCELLED")
 
     def callback(_pipe, index, _timestep, tensors):
+        if index + 1 == spec.steps:
+            _wait_for_device(tensors)
         now = time.perf_counter()
         done = marks["done"] = marks["base"] + index + 1
         marks["total"] = max(marks["total"], marks["base"] + spec.steps)  # more calls after running out of memory
@@ -337,6 +339,17 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
     return GenerationOutput(list(images), encode, last - first, t_end - last, peak, tiling, cached, encoded, counts,
                             split, retrace, new_graphs, batch_plan.record(len(spec.seeds), spec.width, spec.height,
                                                                         spec.pixels_per_call))
+
+
+def _wait_for_device(tensors: dict) -> None:
+    """At a call's last step, waits until the GPU has run it. The host queues a step's kernels (one launch per
+    step when a graph replays them) and runs ahead of the GPU, so without this the denoise time would end when
+    the last step was queued, and the decode time would carry the steps still queued behind it."""
+    import torch
+
+    latents = tensors.get("latents")
+    if torch.is_tensor(latents) and latents.is_cuda:
+        torch.cuda.synchronize(latents.device)
 
 
 def _graphs_traced() -> int:
