@@ -34,8 +34,8 @@ COPY training_service ./training_service
 RUN pip install .
 
 RUN useradd --system --uid 10001 --home-dir /var/lib/diffusion diffusion \
-    && mkdir -p /var/lib/diffusion /var/cache/huggingface \
-    && chown diffusion /var/lib/diffusion /var/cache/huggingface
+    && mkdir -p /var/lib/diffusion /var/cache/huggingface /var/cache/diffusion/compile \
+    && chown diffusion /var/lib/diffusion /var/cache/huggingface /var/cache/diffusion /var/cache/diffusion/compile
 USER 10001
 EXPOSE 50051 50052 50053 9100
 ENTRYPOINT ["python", "-m"]

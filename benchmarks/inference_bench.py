@@ -232,7 +232,7 @@ def start_stack(workdir: Path, cache: Path, tiny: bool, aot_blocks: bool = False
 
 def start_inference(broker_address: str, cache: Path, tiny: bool, workdir: Path, aot_blocks: bool = False):
     flags = ["--broker", broker_address, "--compile-cache-dir", str(cache), "--log-level", "WARNING",
-             "--model-root", str(workdir), *(["--aot-blocks"] if aot_blocks else [])]  # models are built there
+             "--model-root", str(workdir), "--aot-blocks" if aot_blocks else "--no-aot-blocks"]  # models are built there
     if tiny:
         flags += ["--quant-min-features", "16", "--warmup-resolution", "64"]
     return start_service("inference_service", *flags, timeout=600)
@@ -250,8 +250,9 @@ def main() -> None:
                                                  "(comma-separated: jpeg,webp,raw_rgb8); PNG is always timed")
     p.add_argument("--warm-restart", action="store_true",
                    help="after each compiled mode, restart the service and time that mode's warm compile")
-    p.add_argument("--aot-blocks", action="store_true",
-                   help="the service keeps blocks compiled ahead of time (--aot-blocks): the warm restart loads them")
+    p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=True,
+                   help="the service keeps blocks compiled ahead of time (its default): the warm restart loads "
+                        "them (--no-aot-blocks: every process compiles the regular way)")
     p.add_argument("--step-cache", default="", help="also time each mode's Generate with First-Block Cache at these "
                                                     "thresholds (comma-separated), against its uncached image")
     p.add_argument("--fresh-prompts", action="store_true",

@@ -40,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache, so a restart does not pay the full compile again")
-    p.add_argument("--aot-blocks", action="store_true",
-                   help="compiled loads keep the repeated blocks' graphs, compiled ahead of time, under the compile "
-                        "cache and load them instead of tracing again (a faster second-process warm-up)")
+    p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=True,
+                   help="compiled loads keep the repeated blocks' graphs (and Z-Image's and FLUX.1's VAE decoder's), "
+                        "compiled ahead of time, under the compile cache and load them instead of tracing again: "
+                        "only the first process pays the compile (--no-aot-blocks: every process compiles, and "
+                        "speed mode DEFAULT leaves the decoder eager)")
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="a compiled, resident denoiser replays each call shape's kernels as one CUDA graph from its "
                         "second call on (--no-cuda-graphs: every call launches its kernels)")

@@ -56,7 +56,7 @@ def compile_options(mode: str, *, compile_backend: str, int8_dynamic: bool) -> d
 # decoder's graph. Qwen-Image's video VAE decodes frame by frame through a Python-side cache, and SDXL's upcasts
 # to fp32 on some calls: neither was measured.
 VAE_COMPILE_FAMILIES = ("zimage", "flux1")
-VAE_COMPILE_LOAD_COST = "about 70 s more compiling at load (a Z-Image fp8 load on an H200: 10 -> 80 s)"
+VAE_COMPILE_LOAD_COST = "a compile of the decoder at every load"
 
 
 def vae_decoder_compile(family: str, compiled: bool, mode: str, ahead_of_time: bool = False) -> Resolved:
@@ -74,8 +74,9 @@ def vae_decoder_compile(family: str, compiled: bool, mode: str, ahead_of_time: b
                                "and saves the decoder's graph, later ones load it")
     if mode != "max":
         return Resolved("vae_decoder_compile", "", "off", Source.AUTO,
-                        reason=f"compiled in speed mode MAX, or with graphs kept across processes (--aot-blocks), "
-                               f"only: it saves about 50 ms per 1024x1024 image for {VAE_COMPILE_LOAD_COST}")
+                        reason="the decoder is compiled where its compile is paid once: in speed mode MAX, or "
+                               "when the service keeps compiled graphs across processes (its default; this one "
+                               "runs with --no-aot-blocks)")
     return Resolved("vae_decoder_compile", "", "on", Source.AUTO,
                     reason="channels-last, torch.compile(dynamic=True) of the decoder's forward; compiled at load")
 

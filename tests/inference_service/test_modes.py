@@ -28,7 +28,10 @@ def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models,
     assert s["compile"].applied.startswith("regional (aot_eager") and s["compile"].status == c.SETTING_STATUS_APPLIED
     assert s["cudnn_benchmark"].status == c.SETTING_STATUS_UNSUPPORTED  # honest on a CPU host
     assert "compile_warmup" in s
-    assert s["vae_decoder_compile"].applied == ("on" if mode == c.SPEED_MODE_MAX else "off")
+    # the service keeps compiled graphs across processes by default, so DEFAULT compiles the decoder too (once)
+    assert s["vae_decoder_compile"].applied == "on", s["vae_decoder_compile"].reason
+    ahead = s["compile_ahead_of_time"]
+    assert ahead.status == c.SETTING_STATUS_APPLIED and "graph(s)" in ahead.applied, (ahead.applied, ahead.reason)
     first = result_of(client.generate("fast", seeds=[2]))
     out = pixels(first)
     assert np.abs(out - reference).max() <= 3
@@ -41,6 +44,25 @@ def test_compiled_speed_modes_run_and_stay_close(inference_service, tiny_models,
     for generation in (first, other_size, several):
         traced = {r.control: r for r in generation.result.resolved}.get("compile_trace")
         assert traced is None, traced.reason
+
+
+def test_without_graphs_kept_across_processes_default_leaves_the_decoder_eager(tiny_models):
+    """--no-aot-blocks: every process compiles the regular way, so DEFAULT does not pay a decoder compile at each
+    load, and the record says the rule."""
+    from service_kit.service_process import start_service
+    from tests.inference_service.harness import InferenceClient
+
+    proc = start_service("inference_service", *InferenceClient.TEST_FLAGS, "--no-aot-blocks", timeout=180)
+    client = InferenceClient(proc.address)
+    try:
+        s = settings(client.load("m", tiny_models["zimage"], speed_mode=c.SPEED_MODE_DEFAULT))
+        assert s["compile"].status == c.SETTING_STATUS_APPLIED
+        assert s["vae_decoder_compile"].applied == "off" and "--no-aot-blocks" in s["vae_decoder_compile"].reason
+        assert "compile_ahead_of_time" not in s
+        result_of(client.generate("m", seeds=[2]))
+    finally:
+        client.close()
+        proc.stop()
 
 
 def test_flux_traces_for_several_images_at_load_not_at_the_first_such_request(inference_service, tiny_models):
