@@ -264,9 +264,10 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
                 f"generation cancelled before the {before} call (after step {marks['done']} of {marks['total']}): "
                 f"{control.cancel_reason}", reason="GENERATION_CANCELLED")
 
+    pace = _StepPace()
+
     def callback(_pipe, index, _timestep, tensors):
-        if index + 1 == spec.steps:
-            _wait_for_device(tensors)
+        pace(tensors.get("latents"), last=index + 1 == spec.steps)
         now = time.perf_counter()
         done = marks["done"] = marks["base"] + index + 1
         marks["total"] = max(marks["total"], marks["base"] + spec.steps)  # more calls after running out of memory
@@ -341,15 +342,31 @@ def run(pipe, family: FamilySpec, spec: GenerationSpec, control: RunControl, on_
                                                                         spec.pixels_per_call))
 
 
-def _wait_for_device(tensors: dict) -> None:
-    """At a call's last step, waits until the GPU has run it. The host queues a step's kernels (one launch per
-    step when a graph replays them) and runs ahead of the GPU, so without this the denoise time would end when
-    the last step was queued, and the decode time would carry the steps still queued behind it."""
-    import torch
+class _StepPace:
+    """Keeps the host at most one step ahead of the GPU. The host queues a step's kernels (one launch per step when
+    a graph replays them) far faster than the GPU runs them, so unpaced it would queue a whole generation at once:
+    its progress would say every step was done while they waited in the queue, a cancel or a lost lease would be
+    seen only after all of them ran, and the denoise time would end when the last step was queued (the decode's
+    carrying the rest). At each step's end it records an event and waits for the previous step's, so one step
+    stays queued (the GPU does not idle between steps); at a call's last step it waits for the device."""
 
-    latents = tensors.get("latents")
-    if torch.is_tensor(latents) and latents.is_cuda:
-        torch.cuda.synchronize(latents.device)
+    def __init__(self):
+        self.previous = None
+
+    def __call__(self, latents, last: bool) -> None:
+        import torch
+
+        if not (torch.is_tensor(latents) and latents.is_cuda):
+            return
+        if last:
+            torch.cuda.synchronize(latents.device)
+            self.previous = None
+            return
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(latents.device))
+        if self.previous is not None:
+            self.previous.synchronize()
+        self.previous = event
 
 
 def _graphs_traced() -> int:
