@@ -16,7 +16,8 @@ from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompi
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
-from inference_service import aot_blocks, backend_flags, step_graphs
+from diffusion_kit import aot_blocks
+from inference_service import backend_flags, step_graphs
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable

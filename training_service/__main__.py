@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
+    p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=False,
+                   help="compiled jobs keep the repeated blocks' training graphs (forward and backward), compiled "
+                        "ahead of time, under the compile cache and load them instead of tracing again: only the "
+                        "first job of a base and its settings pays the compile")
     p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
                    help="fork each job's trainer from one process that imported the trainer's libraries once "
                         "(forked at start, it imports them when the first job asks); --no-warm-trainer starts each trainer as a fresh process")
@@ -88,7 +92,8 @@ async def _main(args: argparse.Namespace, security, broker_security, warm_traine
                                            Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                     "--model-root"),
                                            Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
-                                                    "--dataset-root"), security, warm_trainer)
+                                                    "--dataset-root"), security, warm_trainer,
+                                           args.compile_cache_dir / "aot-blocks" if args.aot_blocks else None)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))

@@ -31,12 +31,14 @@ MAX_WATCHERS_PER_JOB = 64
 class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
                  compile_backend: str = "inductor", checkpoint_minutes: float = 10.0,
-                 encode_cache_dir: Path | None = None, launcher: TrainerLauncher | None = None):
+                 encode_cache_dir: Path | None = None, launcher: TrainerLauncher | None = None,
+                 aot_dir: Path | None = None):
         self.store = store
         self.launcher = launcher or TrainerLauncher()
         self.encode_cache_dir = encode_cache_dir  # text encodings and latents shared by the jobs; None off
         self.checkpoint_minutes = checkpoint_minutes  # the safety net under every job, whatever it asks
         self.compile_backend = compile_backend
+        self.aot_dir = aot_dir  # where compiled jobs keep the blocks' graphs compiled ahead of time; None off
         self.adapter_store_root = adapter_store_root
         self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
         self.client_id = client_id
@@ -61,7 +63,8 @@ class JobManager:
         device = await self._check_device(plan)
         recipe = replace(plan.recipe, adapter_id=adapter_id, adapter_store=str(self.adapter_store_root),
                          owner=caller.identity, checkpoint_minutes=self.checkpoint_minutes,
-                         compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""))
+                         compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""),
+                         aot_dir=str(self.aot_dir or ""))
         if plan.resume_job_id:
             recipe = replace(recipe, resume_from=str(self._resumable_checkpoint(plan.resume_job_id, recipe, caller)))
         record = self.store.create(JobRecord(job_id, plan.family.key, plan.request_json, total_steps=recipe.steps,

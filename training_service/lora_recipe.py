@@ -15,7 +15,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -96,20 +96,63 @@ class LoraRecipe:
         self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
         backend = self.cfg.compile_backend if self.cfg.compile else None
+        ahead = backend is not None and bool(self.cfg.aot_dir)
+        phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
                                  rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
-                                 gradient_checkpointing=self.cfg.gradient_checkpointing, compile_backend=backend,
-                                 phase=lambda phase, message: self.emit("phase", {"phase": phase, "message": message}))
+                                 gradient_checkpointing=self.cfg.gradient_checkpointing,
+                                 compile_backend=None if ahead else backend, phase=phase)
         for reason, message in denoiser.warnings:
             self.emit("warning", {"reason": reason, "message": message})
         self.model, self.params = denoiser.model, denoiser.params
         self.compiled = denoiser.compiled
-        self.samples_compiled = denoiser.compiled  # sample images run the blocks without gradients: other graphs
+        self.aot = self._ahead_of_time(backend, phase) if ahead else None
+        self.aot_misses_said = False
+        self.samples_compiled = self.compiled  # sample images run the blocks without gradients: other graphs
         self.optimizer = self._optimizer()
         from diffusers.optimization import get_scheduler
 
         self.schedule = get_scheduler(self.cfg.lr_schedule, self.optimizer, num_warmup_steps=self.cfg.warmup_steps,
                                       num_training_steps=self.cfg.steps)
+
+    def _ahead_of_time(self, backend: str, phase: Callable[[str, str], None]):
+        """The blocks' training graphs (forward and backward) from disk, or compiled ahead of time and saved
+        (diffusion_kit.aot_blocks), so a later job of the same base and settings skips tracing them. Where they
+        cannot be, the regular regional compile runs, and the record says why."""
+        from diffusion_kit import aot_blocks
+
+        model, cfg = self.model, self.cfg
+        phase("compiling", "the repeated blocks' training graphs compiled ahead of time: loading them, or "
+                           "compiling and saving")
+        env = aot_blocks.environment(cfg.device, {
+            "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
+            "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,
+            "attention_pin": cfg.device.startswith("cuda")})
+
+        def regional() -> None:
+            model.compile_repeated_blocks(dynamic=True, backend=backend)
+
+        def capture() -> None:
+            """The first step's forward, with gradients, as training runs it; the noise drawn is put back."""
+            state = self.generator.get_state()
+            try:
+                for k in range(self.cfg.accumulation):
+                    self.loss(self.step_inputs(k))
+            finally:
+                self.generator.set_state(state)
+
+        try:
+            aot = aot_blocks.install(model, Path(cfg.aot_dir), env, capture, backend, {}, regional, grad=True)
+        except aot_blocks.AotUnavailable as e:
+            self.emit("resolved", {"resolved": [aot_blocks.fell_back(e.why).to_dict()]})
+            regional()
+            self.compiled = True
+            return None
+        self.compiled = True
+        self.emit("resolved", {"resolved": [aot.record(where="the job's record; sample images, which run without "
+                                                             "gradients, run the blocks eagerly").to_dict()]})
+        self._free()
+        return aot
 
     def _optimizer(self):
         if self.cfg.optimizer == "adamw8bit":
@@ -322,6 +365,7 @@ class LoraRecipe:
             if not math.isfinite(value):
                 raise FloatingPointError(f"loss became {value} at step {self.state.step}")
             self.state.losses.append(value)
+            self._say_eager_calls()
             now = time.perf_counter()
             window = self.state.losses[-20:]
             peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
@@ -343,12 +387,26 @@ class LoraRecipe:
         """The compiler failed on the denoiser's blocks (the first step traces them): the blocks run their own
         forward from now on, gradients of the failed attempt are dropped, and the job's record and stream say why."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.aot is not None:
+            self.aot.discard()
         uncompile(self.model)
         self.compiled = False
         why = f"the compiler failed on the denoiser's blocks ({compiler_error(error)}); training continues uncompiled"
         self.emit("resolved", {"resolved": [Resolved("speed_mode", "regional_compile", "eager", Source.AUTO,
                                                      Status.FELL_BACK, why).to_dict()]})
         self.emit("warning", {"reason": "COMPILE_FELL_BACK", "message": why})
+
+    def _say_eager_calls(self) -> None:
+        """The first step in which some block call ran eagerly (no graph compiled ahead of time covered it), in
+        the job's record; later ones are counted in the log only."""
+        misses = self.aot.take_misses() if self.aot is not None and self.aot.installed else 0
+        if not misses:
+            return
+        if not self.aot_misses_said:
+            self.aot_misses_said = True
+            record = self.aot.miss_record(misses)
+            record = replace(record, applied=f"{record.applied} at step {self.state.step}")
+            self.emit("resolved", {"resolved": [record.to_dict()]})
 
     def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None
                               ) -> tuple[torch.Tensor, int, float]:
@@ -400,6 +458,8 @@ class LoraRecipe:
                 paths.append(path)
                 self.emit("sample", {"step": self.state.step, "prompt": prompt, "path": str(path)})
         finally:
+            if self.aot is not None:
+                self.aot.take_misses()  # the samples' own calls, without gradients: eager, as the record said
             self.model.train(was_training)
             pipe.vae.to("cpu")
             del pipe

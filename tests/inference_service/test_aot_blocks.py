@@ -11,7 +11,7 @@ import torch
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import inference_pb2 as pb
 from diffusion_kit.adapter_store import AdapterStore
-from inference_service import aot_blocks
+from diffusion_kit import aot_blocks
 from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient, decode, result_of
 from tests.inference_service.lora_helper import publish_random_adapter

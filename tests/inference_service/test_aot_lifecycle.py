@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from inference_service import aot_blocks
+from diffusion_kit import aot_blocks
 
 NOW = 1_800_000_000.0
 WEEK = aot_blocks.UNUSED_BEFORE_PRUNE_S

@@ -41,7 +41,7 @@ from typing import Callable
 
 from diffusion_kit.resolved import Resolved, Source, Status
 
-log = logging.getLogger("inference_service.aot_blocks")
+log = logging.getLogger("diffusion_kit.aot_blocks")
 
 CONTROL = "compile_ahead_of_time"
 FAILED = "failed.json"  # in a block's folder: it could not be compiled ahead of time, and why
@@ -214,11 +214,10 @@ class AotBlocks:
                (f", {self.loaded} loaded" if self.loaded else ""))
         return f"{how} in {self.seconds:.1f}s"
 
-    def record(self) -> Resolved:
+    def record(self, where: str = "the generation's record") -> Resolved:
         return Resolved(CONTROL, "on", self.how(), Source.EXPLICIT,
                         reason=f"{len(self.blocks)} repeated blocks run graphs compiled ahead of time; guards are "
-                               "checked on every call, and a call no graph covers runs eagerly and is said in the "
-                               "generation's record")
+                               f"checked on every call, and a call no graph covers runs eagerly and is said in {where}")
 
     def miss_record(self, misses: int) -> Resolved:
         return Resolved(CONTROL, "on", f"{misses} {self.kind} call(s) ran eagerly", Source.AUTO, Status.FELL_BACK,
@@ -238,21 +237,23 @@ def fell_back(why: str) -> Resolved:
 
 
 def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
-            fallback: Callable[[], None]) -> AotBlocks:
+            fallback: Callable[[], None], grad: bool = False) -> AotBlocks:
     """Loads or compiles every repeated block's graphs and installs them (install_modules)."""
     names = getattr(denoiser, "_repeated_blocks", None) or ()
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
-    return install_modules(blocks, directory, env, capture, backend, options, fallback)
+    return install_modules(blocks, directory, env, capture, backend, options, fallback, grad=grad)
 
 
 def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[[], None], backend: str,
-                    options: dict, fallback: Callable[[], None], kind: str = "block") -> AotBlocks:
+                    options: dict, fallback: Callable[[], None], kind: str = "block", grad: bool = False) -> AotBlocks:
     """Loads or compiles the graphs of `blocks` (modules; those of one structure share graphs) and installs them
-    as their forward. `capture()` runs the warm-up's calls under no_grad; it is called only when some module has
-    no graphs on disk: once eagerly, to capture every distinct input of every module, then on the new graphs, to
-    compile more for any call they do not cover (VERIFY_ROUNDS at most), before they are saved. Raises
+    as their forward. `capture()` runs the warm-up's calls: under no_grad for inference, or with gradients for
+    training (`grad`: the graphs are traced with gradients on and carry their backward, which autograd runs as
+    the regular compile's would; a call with gradients off then runs eagerly). It is called only when some module
+    has no graphs on disk: once eagerly, to capture every distinct input of every module, then on the new graphs,
+    to compile more for any call they do not cover (VERIFY_ROUNDS at most), before they are saved. Raises
     AotUnavailable (with the reason) where a module cannot be compiled ahead of time; nothing is installed then.
     `kind` names the modules in the records ("block", "VAE decoder")."""
     t0 = time.perf_counter()
@@ -275,13 +276,13 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
     missing = {sig: groups[sig] for sig in groups if sig not in graphs}
     misses, unsaved = [0], 0
     if missing:
-        inputs = _capture_inputs(missing, capture)
+        inputs = _capture_inputs(missing, capture)  # detached: they keep no autograd graph alive
         try:
             for sig in missing:
                 graphs[sig] = []
                 for args, kwargs, members in inputs[sig]:
                     for member in members:
-                        _cover(graphs[sig], member, args, kwargs, backend, options)
+                        _cover(graphs[sig], member, args, kwargs, backend, options, grad)
             uncovered: list = []
             _install(groups, graphs, misses, uncovered)
             for _ in range(VERIFY_ROUNDS):
@@ -291,7 +292,8 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
                     break
                 _uninstall(blocks)  # traced as it will be called: without the installed forward
                 for block, args, kwargs in list(uncovered):
-                    _cover(graphs[signature(block)], block, args, kwargs, backend, options)
+                    _cover(graphs[signature(block)], block, _detached(args), _detached(kwargs), backend, options,
+                           grad)
                 _install(groups, graphs, misses, uncovered)
         except AotUnavailable as e:
             _uninstall(blocks)
@@ -323,11 +325,12 @@ def _uninstall(blocks: list) -> None:
         block.__dict__.pop("forward", None)
 
 
-def _cover(graphs: list, block, args, kwargs, backend: str, options: dict) -> None:
-    """Compiles a graph for this call unless one of `graphs` covers it already."""
+def _cover(graphs: list, block, args, kwargs, backend: str, options: dict, grad: bool = False) -> None:
+    """Compiles a graph for this call unless one of `graphs` covers it already (with gradients on, for training,
+    where `grad`)."""
     import torch
 
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         if any(g.guard_check(block, *args, **kwargs) for g in graphs):
             return
         try:
@@ -405,7 +408,8 @@ def _input_key(args, kwargs) -> tuple:
 
     def one(value):
         if torch.is_tensor(value):
-            return ("tensor", tuple(value.shape), str(value.dtype), value.device.type, value.is_contiguous())
+            return ("tensor", tuple(value.shape), str(value.dtype), value.device.type, value.is_contiguous(),
+                    value.requires_grad)
         if isinstance(value, (list, tuple)):
             return (type(value).__name__, tuple(one(v) for v in value))
         if isinstance(value, dict):
@@ -413,6 +417,20 @@ def _input_key(args, kwargs) -> tuple:
         return ("value", repr(value)[:64])
 
     return one(args), one(kwargs)
+
+
+def _detached(value):
+    """The call's inputs without their autograd history (a training warm-up's would keep its whole graph alive),
+    each tensor still asking for gradients where it did: that is one of the graph's guards."""
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().requires_grad_(value.requires_grad) if value.requires_grad else value
+    if type(value) in (list, tuple):
+        return type(value)(_detached(v) for v in value)
+    if type(value) is dict:
+        return {k: _detached(v) for k, v in value.items()}
+    return value
 
 
 def _capture_inputs(groups: dict[str, list], capture: Callable[[], None]) -> dict[str, list]:
@@ -423,7 +441,10 @@ def _capture_inputs(groups: dict[str, list], capture: Callable[[], None]) -> dic
 
     def hook_for(sig):
         def hook(module, args, kwargs):
-            entry = seen[sig].setdefault(_input_key(args, kwargs), (args, kwargs, []))
+            key = _input_key(args, kwargs)
+            if key not in seen[sig]:
+                seen[sig][key] = (_detached(args), _detached(kwargs), [])
+            entry = seen[sig][key]
             if not any(module is m for m in entry[2]):
                 entry[2].append(module)
         return hook

@@ -1,0 +1,63 @@
+"""The blocks' training graphs compiled ahead of time (--aot-blocks): the first job compiles and saves them, a later
+job of the same base and settings loads them instead of tracing again, and both train as the regular compile and
+eager training do. A backend whose graphs cannot be saved trains with the regular compile and says why."""
+import grpc
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+from tests.service_flags import TRAINING_ROOTS
+from tests.training_service.jobs_helper import request
+from tests.training_service.test_lora_recipe import config, examples, register_backend_once, run  # noqa: F401
+
+
+def job(stub, tiny_models, dirs, adapter_id, **kw):
+    job_id = stub.StartTraining(request(tiny_models, dirs, steps=3, adapter_id=adapter_id, **kw)).job_id
+    events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=300))
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
+    records = [r for e in events[1:] if e.WhichOneof("event") == "resolved" for r in e.resolved.resolved]
+    return [e.step.loss for e in events if e.WhichOneof("event") == "step"], records
+
+
+def test_a_second_job_loads_the_graphs_the_first_compiled_and_trains_alike(tiny_models, dirs, tmp_path):
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(tmp_path / "out"),
+                         "--adapter-store", str(tmp_path / "adapters"), "--compile-backend", "inductor",
+                         "--compile-cache-dir", str(tmp_path / "compile"), "--aot-blocks", "--no-warm-trainer",
+                         timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        eager, eager_records = job(stub, tiny_models, dirs, "eager")
+        first, first_records = job(stub, tiny_models, dirs, "first", speed_mode=c.SPEED_MODE_DEFAULT)
+        second, second_records = job(stub, tiny_models, dirs, "second", speed_mode=c.SPEED_MODE_DEFAULT)
+    finally:
+        channel.close()
+        proc.stop()
+    assert not [r for r in eager_records if r.control == "compile_ahead_of_time"]
+    [compiled] = [r for r in first_records if r.control == "compile_ahead_of_time"]
+    [loaded] = [r for r in second_records if r.control == "compile_ahead_of_time"]
+    assert "compiled and saved" in compiled.applied and compiled.status == c.SETTING_STATUS_APPLIED, compiled
+    assert "loaded from disk" in loaded.applied and loaded.status == c.SETTING_STATUS_APPLIED, loaded
+    assert (tmp_path / "compile" / "aot-blocks").is_dir()
+    assert len(first) == 3 and second == pytest.approx(first, rel=1e-5)
+    assert first == pytest.approx(eager, rel=1e-4)
+
+
+def test_graphs_that_cannot_be_saved_train_with_the_regular_compile_and_say_why(tiny_models, examples, tmp_path):  # noqa: F811
+    register_backend_once("unsaveable_training", lambda gm, example_inputs: gm.forward)  # runs; cannot be saved
+    eager = run(config(tiny_models, examples, steps=3)).state.losses
+    said = []
+    for attempt in range(2):
+        events = []
+        recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="unsaveable_training",
+                            aot_dir=str(tmp_path / "aot")), events)
+        [record] = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+        assert (record["control"], record["status"]) == ("compile_ahead_of_time", "SETTING_STATUS_FELL_BACK")
+        assert "regular regional compile" in record["reason"]
+        assert recipe.compiled and recipe.aot is None
+        assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+        said.append(record["reason"])
+    assert "an earlier load could not" not in said[0] and "an earlier load could not" in said[1]  # remembered
