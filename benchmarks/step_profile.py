@@ -1,4 +1,4 @@
-"""Where an eager training step's time goes: the recipe's loop against bare loops over the same model.
+"""Where a training step's time goes (eager, or with --compile the blocks compiled): the recipe's loop against bare loops over the same model.
 
 The service's eager bf16 step ran at 0.84x (Z-Image) and 0.70x (FLUX) of the shared baseline probe's on an
 H200 (docs/bench/training.md). This splits that gap. After one recipe setup, in one process, it times:
@@ -15,7 +15,7 @@ If `bare` is as slow as `recipe`, the gap lies in the model or its inputs. If it
 it lies in the loop. On a GPU it also records how much of each step's wall time the GPU was busy, from a
 torch.profiler trace of a few steps.
 
-    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--steps 30] [--out FILE]
+    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--compile] [--steps 30] [--out FILE]
 """
 from __future__ import annotations
 
@@ -108,6 +108,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true",
+                   help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
     p.add_argument("--built-model", action="store_true",
                    help="also time the bare loop over the same architecture built in-process (bf16 only)")
     p.add_argument("--out", type=Path)
@@ -126,10 +128,11 @@ def main() -> None:
     cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32",
-                       gradient_checkpointing=args.gradient_checkpointing)
+                       gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
+                       compile_backend="inductor" if device == "cuda" else "aot_eager")
     recipe = LoraRecipe(cfg)
     recipe.setup()
-    mode = f"{cfg.precision}-eager" + ("-gc" if args.gradient_checkpointing else "")
+    mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
 
     # the recipe's loop: five steps of warm-up, then the timed ones
     recipe.train(until_step=5)
