@@ -133,11 +133,12 @@ class LoraRecipe:
             model.compile_repeated_blocks(dynamic=True, backend=backend)
 
         def capture() -> None:
-            """The first step's forward, with gradients, as training runs it; the noise drawn is put back."""
+            """A forward with gradients, as training runs it, of one micro-batch of every shape the job trains on;
+            the noise drawn is put back."""
             state = self.generator.get_state()
             try:
-                for k in range(self.cfg.accumulation):
-                    self.loss(self.step_inputs(k))
+                for index in self._one_batch_per_shape():
+                    self.loss(self.step_inputs(index))
             finally:
                 self.generator.set_state(state)
 
@@ -153,6 +154,15 @@ class LoraRecipe:
                                                              "gradients, run the blocks eagerly").to_dict()]})
         self._free()
         return aot
+
+    def _one_batch_per_shape(self) -> list[int]:
+        """The first micro-batch of each bucket and batch size in the first epoch's plan (every epoch has the same
+        shapes): a graph traced on one bucket's shapes may not cover another's, whose calls would then run eagerly."""
+        first: dict[tuple, int] = {}
+        for index in range(self.plan.per_epoch):
+            chosen = self.plan.at(index)
+            first.setdefault((self.examples[chosen[0]].bucket, len(chosen)), index)
+        return sorted(first.values())
 
     def _optimizer(self):
         if self.cfg.optimizer == "adamw8bit":

@@ -61,3 +61,17 @@ def test_graphs_that_cannot_be_saved_train_with_the_regular_compile_and_say_why(
         assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
         said.append(record["reason"])
     assert "an earlier load could not" not in said[0] and "an earlier load could not" in said[1]  # remembered
+
+
+def test_every_bucket_gets_its_graphs_before_training(tiny_models, examples, tmp_path):  # noqa: F811
+    """A graph traced on one bucket's shapes did not cover another bucket's: its steps ran every block eagerly.
+    Now the warm-up runs one micro-batch of each bucket and batch size, and no step runs a block eagerly."""
+    kw = {"buckets": True, "batch_size": 2, "steps": 4}
+    events = []
+    recipe = run(config(tiny_models, examples, compile=True, compile_backend="inductor", aot_dir=str(tmp_path),
+                        **kw), events)
+    records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert [r["applied"] for r in records if "ran eagerly" in r["applied"]] == []
+    assert len({recipe.examples[recipe.plan.at(i)[0]].bucket for i in range(4)}) > 1  # the steps met several
+    eager = run(config(tiny_models, examples, **kw)).state.losses
+    assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
