@@ -2,6 +2,8 @@
 
 Skipped without CUDA. The full-size runs and their speed are in benchmarks/training_bench.py.
 """
+import re
+
 import pytest
 import torch
 from PIL import Image
@@ -83,3 +85,32 @@ def test_service_jobs_fork_warm_trainers_that_train_on_the_gpu(tiny_models, tmp_
     finally:
         channel.close()
         proc.stop()
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family, precision, extra", [
+    ("zimage", "bf16", {}), ("zimage", "fp8", {}), ("flux1", "bf16", {"gradient_checkpointing": True}),
+], ids=["zimage-bf16", "zimage-fp8", "flux1-bf16-gc"])
+def test_training_graphs_compiled_ahead_of_time_load_in_a_second_job(tiny_models, examples, tmp_path, family,
+                                                                     precision, extra):
+    """--aot-blocks on the GPU: under autocast and the attention pin, the first job compiles the blocks' training
+    graphs and saves them, the second loads them, no block call runs eagerly, and both train as the regular
+    compile does."""
+    def job(aot: bool):
+        cfg = RecipeConfig(family=family, base_dir=str(tiny_models[family]), examples=examples, rank=4, alpha=4.0,
+                           learning_rate=1e-3, steps=4, resolution=64, seed=1, device="cuda", precision=precision,
+                           compile=True, aot_dir=str(tmp_path / "aot") if aot else "", **extra)
+        events = []
+        recipe = LoraRecipe(cfg, emit=lambda kind, data: events.append((kind, data)))
+        recipe.setup()
+        recipe.train()
+        records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+        return recipe.state.losses, records
+
+    first, compiled = job(True)
+    second, loaded = job(True)
+    regular, _ = job(False)
+    assert [re.sub(r"^\d+ graph\(s\) | in [\d.]+s$", "", r["applied"]) for r in compiled + loaded] == [
+        "compiled and saved", "loaded from disk"], compiled + loaded  # and no step ran a block eagerly
+    assert second == pytest.approx(first, rel=1e-3)
+    assert first == pytest.approx(regular, rel=2e-2)  # bf16 kernels of two compiles differ in rounding
