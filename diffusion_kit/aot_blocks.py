@@ -28,6 +28,7 @@ regular way (inference_service.lora_runtime), as a compiled model's first adapte
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from diffusion_kit.resolved import Resolved, Source, Status
 
@@ -237,17 +238,18 @@ def fell_back(why: str) -> Resolved:
 
 
 def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
-            fallback: Callable[[], None], grad: bool = False) -> AotBlocks:
+            fallback: Callable[[], None], grad: bool = False, context: Callable[[], Any] | None = None) -> AotBlocks:
     """Loads or compiles every repeated block's graphs and installs them (install_modules)."""
     names = getattr(denoiser, "_repeated_blocks", None) or ()
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
-    return install_modules(blocks, directory, env, capture, backend, options, fallback, grad=grad)
+    return install_modules(blocks, directory, env, capture, backend, options, fallback, grad=grad, context=context)
 
 
 def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[[], None], backend: str,
-                    options: dict, fallback: Callable[[], None], kind: str = "block", grad: bool = False) -> AotBlocks:
+                    options: dict, fallback: Callable[[], None], kind: str = "block", grad: bool = False,
+                    context: Callable[[], Any] | None = None) -> AotBlocks:
     """Loads or compiles the graphs of `blocks` (modules; those of one structure share graphs) and installs them
     as their forward. `capture()` runs the warm-up's calls: under no_grad for inference, or with gradients for
     training (`grad`: the graphs are traced with gradients on and carry their backward, which autograd runs as
@@ -255,7 +257,8 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
     has no graphs on disk: once eagerly, to capture every distinct input of every module, then on the new graphs,
     to compile more for any call they do not cover (VERIFY_ROUNDS at most), before they are saved. Raises
     AotUnavailable (with the reason) where a module cannot be compiled ahead of time; nothing is installed then.
-    `kind` names the modules in the records ("block", "VAE decoder")."""
+    `kind` names the modules in the records ("block", "VAE decoder"). `context()` is the context the calls run
+    in (training's autocast and attention pin): the graphs are traced in it, since its state is among their guards."""
     t0 = time.perf_counter()
     plain_reprs(blocks)
     prune(directory, env)
@@ -282,7 +285,7 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
                 graphs[sig] = []
                 for args, kwargs, members in inputs[sig]:
                     for member in members:
-                        _cover(graphs[sig], member, args, kwargs, backend, options, grad)
+                        _cover(graphs[sig], member, args, kwargs, backend, options, grad, context)
             uncovered: list = []
             _install(groups, graphs, misses, uncovered)
             for _ in range(VERIFY_ROUNDS):
@@ -293,7 +296,7 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
                 _uninstall(blocks)  # traced as it will be called: without the installed forward
                 for block, args, kwargs in list(uncovered):
                     _cover(graphs[signature(block)], block, _detached(args), _detached(kwargs), backend, options,
-                           grad)
+                           grad, context)
                 _install(groups, graphs, misses, uncovered)
         except AotUnavailable as e:
             _uninstall(blocks)
@@ -325,12 +328,13 @@ def _uninstall(blocks: list) -> None:
         block.__dict__.pop("forward", None)
 
 
-def _cover(graphs: list, block, args, kwargs, backend: str, options: dict, grad: bool = False) -> None:
+def _cover(graphs: list, block, args, kwargs, backend: str, options: dict, grad: bool = False,
+           context: Callable[[], Any] | None = None) -> None:
     """Compiles a graph for this call unless one of `graphs` covers it already (with gradients on, for training,
     where `grad`)."""
     import torch
 
-    with torch.set_grad_enabled(grad):
+    with torch.set_grad_enabled(grad), (context or contextlib.nullcontext)():
         if any(g.guard_check(block, *args, **kwargs) for g in graphs):
             return
         try:

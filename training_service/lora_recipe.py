@@ -143,7 +143,8 @@ class LoraRecipe:
                 self.generator.set_state(state)
 
         try:
-            aot = aot_blocks.install(model, Path(cfg.aot_dir), env, capture, backend, {}, regional, grad=True)
+            aot = aot_blocks.install(model, Path(cfg.aot_dir), env, capture, backend, {}, regional, grad=True,
+                                     context=self._context)
         except aot_blocks.AotUnavailable as e:
             self.emit("resolved", {"resolved": [aot_blocks.fell_back(e.why).to_dict()]})
             regional()

@@ -75,3 +75,34 @@ def test_every_bucket_gets_its_graphs_before_training(tiny_models, examples, tmp
     assert len({recipe.examples[recipe.plan.at(i)[0]].bucket for i in range(4)}) > 1  # the steps met several
     eager = run(config(tiny_models, examples, **kw)).state.losses
     assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+
+
+def test_graphs_are_traced_in_the_context_the_calls_run_in(tmp_path):
+    """Training's forward runs under autocast; graphs traced outside it guard autocast off, so on the GPU every
+    block call of every step ran eagerly. Traced in the calls' context, they cover the calls (here CPU autocast)."""
+    import torch
+
+    from diffusion_kit import aot_blocks
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()).requires_grad_(False)
+    block[0].weight.requires_grad_(True)
+    x = torch.randn(4, 32)
+
+    def context():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    def capture():
+        with context():
+            block(x)
+
+    with context():
+        expected = block(x)
+    env = aot_blocks.environment("cpu", {"test": "autocast"})
+    aot = aot_blocks.install_modules([block], tmp_path, env, capture, "inductor", {}, fallback=lambda: None,
+                                     grad=True, context=context)
+    with context():
+        out = block(x)
+    out.float().sum().backward()
+    assert aot.take_misses() == 0 and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), expected.float(), atol=1e-2) and block[0].weight.grad is not None
