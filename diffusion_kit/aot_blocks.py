@@ -272,7 +272,7 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
     graphs: dict[str, list] = {}
     loaded = 0
     for sig, folder in folders.items():
-        found = _load(folder, env)
+        found = _load(folder, env, context)
         if found is not None:
             graphs[sig] = found
             loaded += len(found)
@@ -377,10 +377,11 @@ def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
     return True
 
 
-def _load(folder: Path, env: dict) -> list | None:
+def _load(folder: Path, env: dict, context: Callable[[], Any] | None = None) -> list | None:
     """The folder's graphs; None when it has none yet. Graphs that will not load (the folder is written whole,
     under a key that names the software, so this is not a torn file or another torch) are remembered as a
-    failure, and the regular compile is used from then on."""
+    failure, and the regular compile is used from then on. Loaded in the calls' context: a tensor's guard takes
+    the dispatch keys it expects from the context it is rebuilt in (autocast's among them)."""
     import torch
 
     if not (folder / META).exists():
@@ -389,7 +390,7 @@ def _load(folder: Path, env: dict) -> list | None:
         count = json.loads((folder / META).read_text())["graphs"]
         graphs = []
         for i in range(count):
-            with (folder / f"{i}.bin").open("rb") as f:
+            with (folder / f"{i}.bin").open("rb") as f, (context or contextlib.nullcontext)():
                 graph = torch.compiler.load_compiled_function(f)
             graph.disable_guard_check()  # checked by _Dispatch, once per call
             graphs.append(graph)

@@ -78,8 +78,9 @@ def test_every_bucket_gets_its_graphs_before_training(tiny_models, examples, tmp
 
 
 def test_graphs_are_traced_in_the_context_the_calls_run_in(tmp_path):
-    """Training's forward runs under autocast; graphs traced outside it guard autocast off, so on the GPU every
-    block call of every step ran eagerly. Traced in the calls' context, they cover the calls (here CPU autocast)."""
+    """Training's forward runs under autocast; graphs traced, or loaded, outside it guard autocast off, so on the
+    GPU every block call of every step ran eagerly. Traced and loaded in the calls' context, they cover the calls
+    (here CPU autocast)."""
     import torch
 
     from diffusion_kit import aot_blocks
@@ -106,3 +107,10 @@ def test_graphs_are_traced_in_the_context_the_calls_run_in(tmp_path):
     out.float().sum().backward()
     assert aot.take_misses() == 0 and out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), expected.float(), atol=1e-2) and block[0].weight.grad is not None
+    # loaded from disk (as a later job does), the graph's guards are rebuilt in that context too
+    loaded = aot_blocks.install_modules([block], tmp_path, env, capture, "inductor", {}, fallback=lambda: None,
+                                        grad=True, context=context)
+    with context():
+        again = block(x)
+    assert loaded.loaded == 1 and loaded.take_misses() == 0, loaded.how()
+    assert torch.equal(again, out)
