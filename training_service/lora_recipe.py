@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +31,8 @@ from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
+
+log = logging.getLogger("training_service.lora_recipe")
 
 SAMPLE_STEPS_CAP = 20
 SAMPLE_SEED = 1234
@@ -409,10 +412,12 @@ class LoraRecipe:
 
     def _say_eager_calls(self) -> None:
         """The first step in which some block call ran eagerly (no graph compiled ahead of time covered it), in
-        the job's record; later ones are counted in the log only."""
+        the job's record; every such step in the trainer's log."""
         misses = self.aot.take_misses() if self.aot is not None and self.aot.installed else 0
         if not misses:
             return
+        log.warning("block calls ran eagerly", extra={"fields": {
+            "event": "training.aot_eager_calls", "step": self.state.step, "calls": misses}})
         if not self.aot_misses_said:
             self.aot_misses_said = True
             record = self.aot.miss_record(misses)
