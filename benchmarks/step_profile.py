@@ -1,4 +1,5 @@
-"""Where a training step's time goes (eager, or with --compile the blocks compiled): the recipe's loop against bare loops over the same model.
+"""Where a training step's time goes (eager, or with --compile the blocks compiled): the recipe's loop against
+bare loops over the same model.
 
 The service's eager bf16 step ran at 0.84x (Z-Image) and 0.70x (FLUX) of the shared baseline probe's on an
 H200 (docs/bench/training.md). This splits that gap. After one recipe setup, in one process, it times:

@@ -177,8 +177,8 @@ def main() -> None:
     p.add_argument("--deadline-s", type=float, default=1e9,
                    help="stop starting modes after this many seconds (a device run has a hard limit)")
     p.add_argument("--aot-blocks", action="store_true",
-                   help="start the service with --aot-blocks: compiled modes load the blocks' graphs a job before "
-                        "compiled and saved")
+                   help="start the service with --aot-blocks: the first compiled mode compiles and saves the "
+                        "blocks' graphs, later ones (the -warm modes) load them")
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
     p.add_argument("--baseline-probe", type=Path,

@@ -25,6 +25,10 @@ later load once no process has used them for a week (prune). Graphs that
 could not be saved (a full disk) still run in the process that compiled them; the next load compiles them again.
 An adapter changes the blocks' structure: the first one uninstalls the graphs and compiles the blocks the
 regular way (inference_service.lora_runtime), as a compiled model's first adapter always recompiled.
+
+Training uses the same mechanism (training_service.lora_recipe, `grad=True`): its warm-up is a forward with
+gradients of one micro-batch per bucket, the graphs carry their backward, and they are traced and loaded in the
+step's own context (autocast, the attention pin), whose state their guards check.
 """
 from __future__ import annotations
 
