@@ -28,7 +28,9 @@ regular way (inference_service.lora_runtime), as a compiled model's first adapte
 
 Training uses the same mechanism (training_service.lora_recipe, `grad=True`): its warm-up is a forward with
 gradients of one micro-batch per bucket, the graphs carry their backward, and they are traced and loaded in the
-step's own context (autocast, the attention pin), whose state their guards check.
+step's own context (autocast, the attention pin), whose state their guards check. A job's buckets and batch size
+are its own, so training runs its warm-up on loaded graphs too (`verify_loaded`): a shape they do not cover gets
+a graph compiled and saved beside them (an `extra-` subfolder, loaded with the folder from then on).
 """
 from __future__ import annotations
 
@@ -242,18 +244,20 @@ def fell_back(why: str) -> Resolved:
 
 
 def install(denoiser, directory: Path, env: dict, capture: Callable[[], None], backend: str, options: dict,
-            fallback: Callable[[], None], grad: bool = False, context: Callable[[], Any] | None = None) -> AotBlocks:
+            fallback: Callable[[], None], grad: bool = False, context: Callable[[], Any] | None = None,
+            verify_loaded: bool = False) -> AotBlocks:
     """Loads or compiles every repeated block's graphs and installs them (install_modules)."""
     names = getattr(denoiser, "_repeated_blocks", None) or ()
     blocks = [m for m in denoiser.modules() if type(m).__name__ in names]
     if not blocks:
         raise AotUnavailable(f"{type(denoiser).__name__} names no repeated blocks")
-    return install_modules(blocks, directory, env, capture, backend, options, fallback, grad=grad, context=context)
+    return install_modules(blocks, directory, env, capture, backend, options, fallback, grad=grad, context=context,
+                           verify_loaded=verify_loaded)
 
 
 def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[[], None], backend: str,
                     options: dict, fallback: Callable[[], None], kind: str = "block", grad: bool = False,
-                    context: Callable[[], Any] | None = None) -> AotBlocks:
+                    context: Callable[[], Any] | None = None, verify_loaded: bool = False) -> AotBlocks:
     """Loads or compiles the graphs of `blocks` (modules; those of one structure share graphs) and installs them
     as their forward. `capture()` runs the warm-up's calls: under no_grad for inference, or with gradients for
     training (`grad`: the graphs are traced with gradients on and carry their backward, which autograd runs as
@@ -262,7 +266,10 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
     to compile more for any call they do not cover (VERIFY_ROUNDS at most), before they are saved. Raises
     AotUnavailable (with the reason) where a module cannot be compiled ahead of time; nothing is installed then.
     `kind` names the modules in the records ("block", "VAE decoder"). `context()` is the context the calls run
-    in (training's autocast and attention pin): the graphs are traced in it, since its state is among their guards."""
+    in (training's autocast and attention pin): the graphs are traced in it, since its state is among their guards.
+    `verify_loaded`: graphs loaded from disk are checked too, by one `capture()` on them, and a call they do not
+    cover gets a graph of its own, saved beside them (a training job whose buckets or batch size differ from the
+    job's that compiled them; without this its calls of those shapes would run eagerly for the whole job)."""
     t0 = time.perf_counter()
     plain_reprs(blocks)
     prune(directory, env)
@@ -282,36 +289,31 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
             loaded += len(found)
     missing = {sig: groups[sig] for sig in groups if sig not in graphs}
     misses, unsaved = [0], 0
-    if missing:
-        inputs = _capture_inputs(missing, capture)  # detached: they keep no autograd graph alive
+    if missing or verify_loaded:
+        known = {sig: len(graphs.get(sig, ())) for sig in groups}  # graphs loaded, per structure
         try:
-            for sig in missing:
-                graphs[sig] = []
-                for args, kwargs, members in inputs[sig]:
-                    for member in members:
-                        _cover(graphs[sig], member, args, kwargs, backend, options, grad, context)
-            uncovered: list = []
-            _install(groups, graphs, misses, uncovered)
-            for _ in range(VERIFY_ROUNDS):
-                uncovered.clear()
-                capture()
-                if not uncovered:
-                    break
-                _uninstall(blocks)  # traced as it will be called: without the installed forward
-                for block, args, kwargs in list(uncovered):
-                    _cover(graphs[signature(block)], block, _detached(args), _detached(kwargs), backend, options,
-                           grad, context)
-                _install(groups, graphs, misses, uncovered)
+            if missing:
+                inputs = _capture_inputs(missing, capture)  # detached: they keep no autograd graph alive
+                for sig in missing:
+                    graphs[sig] = []
+                    for args, kwargs, members in inputs[sig]:
+                        for member in members:
+                            _cover(graphs[sig], member, args, kwargs, backend, options, grad, context)
+            _verify(groups, graphs, misses, capture, backend, options, grad, context)
         except AotUnavailable as e:
             _uninstall(blocks)
-            for sig in missing:
+            for sig in missing:  # a loaded folder's graphs still load; only these shapes failed
                 _remember_failure(folders[sig], e.why, env)
             raise
         except BaseException:  # a graph failing on its verification call, a cancel: nothing stays installed
             _uninstall(blocks)
             raise
-        unsaved = sum(len(graphs[sig]) for sig in missing
-                      if not _save(graphs[sig], folders[sig], env, type(groups[sig][0]).__name__))
+        for sig, count in known.items():
+            new = graphs[sig][count:]
+            if new:
+                folder = folders[sig] if sig in missing else folders[sig] / f"{EXTRA}{_calls_key(new)}"
+                if not _save(new, folder, env, type(groups[sig][0]).__name__):
+                    unsaved += len(new)
         misses[0] = 0
     _install(groups, graphs, misses, None)
     count = sum(len(g) for g in graphs.values())
@@ -319,6 +321,32 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
 
 
 VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the calls the last one missed
+EXTRA = "extra-"  # a subfolder of graphs a later load compiled for calls the folder's graphs did not cover
+
+
+def _verify(groups: dict[str, list], graphs: dict[str, list], misses: list[int], capture: Callable[[], None],
+            backend: str, options: dict, grad: bool, context: Callable[[], Any] | None) -> None:
+    """Runs the warm-up on the installed graphs, and compiles a graph for each call none of them covers (guards
+    can tell calls apart that looked alike when captured), VERIFY_ROUNDS times at most."""
+    blocks = [block for members in groups.values() for block in members]
+    uncovered: list = []
+    _install(groups, graphs, misses, uncovered)
+    for _ in range(VERIFY_ROUNDS):
+        uncovered.clear()
+        capture()
+        if not uncovered:
+            return
+        _uninstall(blocks)  # traced as it will be called: without the installed forward
+        for block, args, kwargs in list(uncovered):
+            _cover(graphs[signature(block)], block, _detached(args), _detached(kwargs), backend, options, grad,
+                   context)
+        _install(groups, graphs, misses, uncovered)
+
+
+def _calls_key(graphs: list) -> str:
+    """A name for graphs compiled by one load, unique to it (two processes extending one folder at once each
+    keep theirs)."""
+    return hashlib.sha256(f"{os.getpid()} {time.time_ns()} {len(graphs)}".encode()).hexdigest()[:16]
 
 
 def _install(groups: dict[str, list], graphs: dict[str, list], misses: list[int], uncovered: list | None) -> None:
@@ -382,22 +410,24 @@ def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
 
 
 def _load(folder: Path, env: dict, context: Callable[[], Any] | None = None) -> list | None:
-    """The folder's graphs; None when it has none yet. Graphs that will not load (the folder is written whole,
-    under a key that names the software, so this is not a torn file or another torch) are remembered as a
-    failure, and the regular compile is used from then on. Loaded in the calls' context: a tensor's guard takes
+    """The folder's graphs, and those of its extra- subfolders; None when it has none yet. Graphs that will not
+    load (each folder is written whole, under a key that names the software, so this is not a torn file or
+    another torch) are remembered as a failure, and the regular compile is used from then on. Loaded in the calls' context: a tensor's guard takes
     the dispatch keys it expects from the context it is rebuilt in (autocast's among them)."""
     import torch
 
     if not (folder / META).exists():
         return None
     try:
-        count = json.loads((folder / META).read_text())["graphs"]
+        extras = sorted(f for f in folder.iterdir() if f.name.startswith(EXTRA) and STAGING not in f.name
+                        and (f / META).exists())
         graphs = []
-        for i in range(count):
-            with (folder / f"{i}.bin").open("rb") as f, (context or contextlib.nullcontext)():
-                graph = torch.compiler.load_compiled_function(f)
-            graph.disable_guard_check()  # checked by _Dispatch, once per call
-            graphs.append(graph)
+        for part in [folder, *extras]:
+            for i in range(json.loads((part / META).read_text())["graphs"]):
+                with (part / f"{i}.bin").open("rb") as f, (context or contextlib.nullcontext)():
+                    graph = torch.compiler.load_compiled_function(f)
+                graph.disable_guard_check()  # checked by _Dispatch, once per call
+                graphs.append(graph)
     except Exception as e:  # noqa: BLE001 - said, remembered, and the regular compile is used instead
         error = f"its saved graphs would not load: {type(e).__name__}: {str(e)[:300]}"
         log.warning("ahead-of-time graphs not loaded", extra={"fields": {

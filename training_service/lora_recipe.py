@@ -120,8 +120,9 @@ class LoraRecipe:
 
     def _ahead_of_time(self, backend: str, phase: Callable[[str, str], None]):
         """The blocks' training graphs (forward and backward) from disk, or compiled ahead of time and saved
-        (diffusion_kit.aot_blocks), so a later job of the same base and settings skips tracing them. Where they
-        cannot be, the regular regional compile runs, and the record says why."""
+        (diffusion_kit.aot_blocks), so a later job of the same base and settings skips tracing them. Loaded graphs
+        are checked on this job's shapes (its buckets and batch size), and those they miss are compiled and saved
+        beside them. Where they cannot be, the regular regional compile runs, and the record says why."""
         from diffusion_kit import aot_blocks
 
         model, cfg = self.model, self.cfg
@@ -147,7 +148,7 @@ class LoraRecipe:
 
         try:
             aot = aot_blocks.install(model, Path(cfg.aot_dir), env, capture, backend, {}, regional, grad=True,
-                                     context=self._context)
+                                     context=self._context, verify_loaded=True)
         except aot_blocks.AotUnavailable as e:
             self.emit("resolved", {"resolved": [aot_blocks.fell_back(e.why).to_dict()]})
             regional()

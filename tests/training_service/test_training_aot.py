@@ -1,6 +1,8 @@
 """The blocks' training graphs compiled ahead of time (--aot-blocks): the first job compiles and saves them, a later
 job of the same base and settings loads them instead of tracing again, and both train as the regular compile and
 eager training do. A backend whose graphs cannot be saved trains with the regular compile and says why."""
+import re
+
 import grpc
 import pytest
 
@@ -63,18 +65,34 @@ def test_graphs_that_cannot_be_saved_train_with_the_regular_compile_and_say_why(
     assert "an earlier load could not" not in said[0] and "an earlier load could not" in said[1]  # remembered
 
 
-def test_every_bucket_gets_its_graphs_before_training(tiny_models, examples, tmp_path):  # noqa: F811
+def test_every_bucket_gets_its_graphs_and_a_later_job_adds_the_shapes_it_lacks(tiny_models, examples,  # noqa: F811
+                                                                               tmp_path):
     """A graph traced on one bucket's shapes did not cover another bucket's: its steps ran every block eagerly.
-    Now the warm-up runs one micro-batch of each bucket and batch size, and no step runs a block eagerly."""
-    kw = {"buckets": True, "batch_size": 2, "steps": 4}
-    events = []
-    recipe = run(config(tiny_models, examples, compile=True, compile_backend="inductor", aot_dir=str(tmp_path),
-                        **kw), events)
-    records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
-    assert [r["applied"] for r in records if "ran eagerly" in r["applied"]] == []
-    assert len({recipe.examples[recipe.plan.at(i)[0]].bucket for i in range(4)}) > 1  # the steps met several
-    eager = run(config(tiny_models, examples, **kw)).state.losses
-    assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+    Now the warm-up runs one micro-batch of each bucket and batch size, and no step runs a block eagerly. A later
+    job of other shapes (batch size 2: micro-batches of two) loaded those graphs and ran its block calls eagerly for the whole job; now
+    its warm-up runs on the loaded graphs, the calls they miss get graphs saved beside them, and a third job of
+    those shapes loads them all."""
+    eager_losses = {}
+
+    def job(batch_size: int) -> str:
+        kw = {"buckets": True, "batch_size": batch_size, "steps": 4}
+        events = []
+        recipe = run(config(tiny_models, examples, compile=True, compile_backend="inductor", aot_dir=str(tmp_path),
+                            **kw), events)
+        records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+        assert [r["applied"] for r in records if "ran eagerly" in r["applied"]] == []
+        assert len({recipe.examples[recipe.plan.at(i)[0]].bucket for i in range(4)}) > 1  # the steps met several
+        if batch_size not in eager_losses:
+            eager_losses[batch_size] = run(config(tiny_models, examples, **kw)).state.losses
+        assert recipe.state.losses == pytest.approx(eager_losses[batch_size], rel=1e-4)
+        [record] = [r for r in records if r["control"] == "compile_ahead_of_time"]
+        return record["applied"]
+
+    assert "compiled and saved" in job(1)
+    extended = job(2)
+    assert re.fullmatch(r"\d+ graph\(s\) compiled and saved, \d+ loaded in .*", extended), extended
+    assert list(tmp_path.glob("*/extra-*/meta.json"))
+    assert "loaded from disk" in job(2)
 
 
 def test_graphs_are_traced_in_the_context_the_calls_run_in(tmp_path):
