@@ -16,7 +16,11 @@ If `bare` is as slow as `recipe`, the gap lies in the model or its inputs. If it
 it lies in the loop. On a GPU it also records how much of each step's wall time the GPU was busy, from a
 torch.profiler trace of a few steps.
 
-    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--compile] [--steps 30] [--out FILE]
+With --aot-blocks DIR the compiled blocks are the graphs compiled ahead of time in DIR (loaded, or compiled and
+saved there): run it twice to time the loaded graphs.
+
+    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--compile] [--aot-blocks DIR]
+        [--steps 30] [--out FILE]
 """
 from __future__ import annotations
 
@@ -111,6 +115,8 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true",
                    help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
+    p.add_argument("--aot-blocks", type=Path, metavar="DIR",
+                   help="with --compile: the blocks' graphs compiled ahead of time, loaded from DIR or saved there")
     p.add_argument("--built-model", action="store_true",
                    help="also time the bare loop over the same architecture built in-process (bf16 only)")
     p.add_argument("--out", type=Path)
@@ -130,10 +136,15 @@ def main() -> None:
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32",
                        gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
-                       compile_backend="inductor" if device == "cuda" else "aot_eager")
-    recipe = LoraRecipe(cfg)
+                       compile_backend="inductor" if device == "cuda" else "aot_eager",
+                       aot_dir=str(args.aot_blocks) if args.aot_blocks and args.compile else None)
+    resolved: list[dict] = []
+    recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
     mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
+    if recipe.aot is not None:
+        mode += "-aot-loaded" if recipe.aot.loaded == recipe.aot.graphs else "-aot-compiled"
+        record(mode, "aot_graphs", recipe.aot.graphs, "graphs", note=recipe.aot.how())
 
     # the recipe's loop: five steps of warm-up, then the timed ones
     recipe.train(until_step=5)
@@ -142,6 +153,10 @@ def main() -> None:
     recipe.train(until_step=5 + steps)
     _sync()
     record(mode, "recipe_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
+    if recipe.aot is not None:
+        said = [r["applied"] for r in resolved if "ran eagerly" in r["applied"]]
+        record(mode, "aot_steps_with_eager_block_calls", len(said), "records", note="; ".join(said) or
+               "every block call of the warm-up and timed steps ran a graph compiled ahead of time")
 
     inputs = recipe.step_inputs(0)
 
