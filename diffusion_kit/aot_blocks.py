@@ -412,8 +412,9 @@ def _save(graphs: list, folder: Path, env: dict, block_name: str) -> bool:
 def _load(folder: Path, env: dict, context: Callable[[], Any] | None = None) -> list | None:
     """The folder's graphs, and those of its extra- subfolders; None when it has none yet. Graphs that will not
     load (each folder is written whole, under a key that names the software, so this is not a torn file or
-    another torch) are remembered as a failure, and the regular compile is used from then on. Loaded in the calls' context: a tensor's guard takes
-    the dispatch keys it expects from the context it is rebuilt in (autocast's among them)."""
+    another torch) are remembered as a failure, and the regular compile is used from then on. Loaded in the calls'
+    context: a tensor's guard takes the dispatch keys it expects from the context it is rebuilt in (autocast's
+    among them)."""
     import torch
 
     if not (folder / META).exists():
