@@ -109,11 +109,14 @@ def stale(folder_env: dict | None, current: dict, idle_s: float) -> bool:
 
 def prune(directory: Path, current: dict, now: float | None = None) -> list[str]:
     """Deletes the folders `stale` allows, and staging folders abandoned for UNUSED_BEFORE_PRUNE_S (a process
-    that died while saving). Returns the names deleted."""
+    that died while saving), at the top or inside a folder (an extra- subfolder's). Returns the names deleted
+    (`folder/subfolder` for those inside)."""
     now = time.time() if now is None else now
     removed = []
     try:
         folders = [f for f in directory.iterdir() if f.is_dir()]
+        folders += [sub for f in folders if STAGING not in f.name for sub in f.iterdir()
+                    if sub.is_dir() and STAGING in sub.name]
     except OSError:
         return removed
     for folder in folders:
@@ -128,7 +131,7 @@ def prune(directory: Path, current: dict, now: float | None = None) -> list[str]
             continue
         if doomed:
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder.name)
+            removed.append(folder.relative_to(directory).as_posix())
     if removed:
         log.info("ahead-of-time graphs of other software deleted", extra={"fields": {
             "event": "aot_blocks.pruned", "folder": str(directory), "removed": len(removed)}})

@@ -48,7 +48,11 @@ def test_prune_deletes_old_graphs_failures_and_abandoned_staging_and_nothing_els
     _folder(tmp_path, "old-graphs", aot_blocks.META, old, 2 * WEEK)
     _folder(tmp_path, "old-failure", aot_blocks.FAILED, old, 2 * WEEK)
     _folder(tmp_path, "old-but-in-use", aot_blocks.META, old, 60)
-    _folder(tmp_path, "current", aot_blocks.META, ENV, 10 * WEEK)
+    current = _folder(tmp_path, "current", aot_blocks.META, ENV, 10 * WEEK)
+    left = current / f"{aot_blocks.EXTRA}k4{aot_blocks.STAGING}4444"  # a process died saving graphs beside them
+    left.mkdir()
+    os.utime(left, (NOW - 2 * WEEK, NOW - 2 * WEEK))
+    (current / f"{aot_blocks.EXTRA}k5").mkdir()  # saved whole: stays with its folder
     _folder(tmp_path, "no-env", aot_blocks.FAILED, None, 10 * WEEK)
     abandoned = tmp_path / f"k1{aot_blocks.STAGING}4242"
     abandoned.mkdir()
@@ -59,9 +63,10 @@ def test_prune_deletes_old_graphs_failures_and_abandoned_staging_and_nothing_els
 
     removed = aot_blocks.prune(tmp_path, ENV, now=NOW)
 
-    assert sorted(removed) == sorted(["old-graphs", "old-failure", abandoned.name])
+    assert sorted(removed) == sorted(["old-graphs", "old-failure", abandoned.name, f"current/{left.name}"])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["old-but-in-use", "current", "no-env", f"k2{aot_blocks.STAGING}4343", "not-a-folder"])
+    assert sorted(p.name for p in current.iterdir()) == [aot_blocks.EXTRA + "k5", aot_blocks.META]
 
 
 def test_prune_of_a_folder_not_yet_made_does_nothing(tmp_path):
