@@ -27,7 +27,7 @@ def job(stub, tiny_models, dirs, adapter_id, **kw):
 def test_a_second_job_loads_the_graphs_the_first_compiled_and_trains_alike(tiny_models, dirs, tmp_path):
     proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(tmp_path / "out"),
                          "--adapter-store", str(tmp_path / "adapters"), "--compile-backend", "inductor",
-                         "--compile-cache-dir", str(tmp_path / "compile"), "--aot-blocks", "--no-warm-trainer",
+                         "--compile-cache-dir", str(tmp_path / "compile"), "--aot-blocks",
                          timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
