@@ -4,8 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from demos.tiny_pipelines import save_tiny_pipeline
 from service_kit.service_process import ROOT
+
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
 
 
 def test_probe_reports_both_calls_and_the_compile_phases(tmp_path):

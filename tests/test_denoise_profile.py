@@ -9,6 +9,8 @@ import pytest
 from benchmarks.denoise_profile import category_of, kernel_mix
 from service_kit.service_process import ROOT
 
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
+
 
 @pytest.mark.parametrize("kernel, category", [
     ("nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT", "gemm"),

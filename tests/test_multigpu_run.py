@@ -5,8 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.nvml_sampler import NvmlSampler
 from service_kit.service_process import ROOT
+
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
 
 
 def test_the_dry_run_places_pins_and_preempts_only_device_1(tmp_path):

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from service_kit.service_process import ROOT
+
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
 
 
 def test_step_profile_records_the_three_loops_on_graphs_compiled_then_loaded(tmp_path):

@@ -16,6 +16,8 @@ from service_kit.service_process import start_service
 from tests.inference_service.harness import InferenceClient, decode, result_of
 from tests.inference_service.lora_helper import publish_random_adapter
 
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
+
 FLAGS = [f for f in InferenceClient.TEST_FLAGS if f not in ("--compile-backend", "aot_eager", "--compile-cache-dir",
                                                             "/tmp/diffusion-services-test-inductor")]
 

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from inference_service import inductor_fixes
+
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
 
 CHILD = r"""
 import torch

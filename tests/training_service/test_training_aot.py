@@ -15,6 +15,8 @@ from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, register_backend_once, run  # noqa: F401
 
+pytestmark = pytest.mark.slow  # run first (tests/conftest.py): the workers then finish together
+
 
 def job(stub, tiny_models, dirs, adapter_id, **kw):
     job_id = stub.StartTraining(request(tiny_models, dirs, steps=3, adapter_id=adapter_id, **kw)).job_id
