@@ -122,6 +122,8 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()
+    if args.aot_blocks and not args.compile:
+        p.error("--aot-blocks needs --compile: only compiled blocks have graphs to keep")
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -137,7 +139,7 @@ def main() -> None:
                        precision=args.precision if device == "cuda" else "fp32",
                        gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
                        compile_backend="inductor" if device == "cuda" else "aot_eager",
-                       aot_dir=str(args.aot_blocks) if args.aot_blocks and args.compile else None)
+                       aot_dir=str(args.aot_blocks) if args.aot_blocks else None)
     resolved: list[dict] = []
     recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
