@@ -42,6 +42,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -314,7 +315,7 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
         for sig, count in known.items():
             new = graphs[sig][count:]
             if new:
-                folder = folders[sig] if sig in missing else folders[sig] / f"{EXTRA}{_calls_key(new)}"
+                folder = folders[sig] if sig in missing else folders[sig] / f"{EXTRA}{uuid.uuid4().hex}"
                 if not _save(new, folder, env, type(groups[sig][0]).__name__):
                     unsaved += len(new)
         misses[0] = 0
@@ -325,6 +326,7 @@ def install_modules(blocks: list, directory: Path, env: dict, capture: Callable[
 
 VERIFY_ROUNDS = 2  # warm-up runs on new graphs, each compiling graphs for the calls the last one missed
 EXTRA = "extra-"  # a subfolder of graphs a later load compiled for calls the folder's graphs did not cover
+# (named uniquely: two processes extending one folder at once each keep theirs)
 
 
 def _verify(groups: dict[str, list], graphs: dict[str, list], misses: list[int], capture: Callable[[], None],
@@ -346,10 +348,6 @@ def _verify(groups: dict[str, list], graphs: dict[str, list], misses: list[int],
         _install(groups, graphs, misses, uncovered)
 
 
-def _calls_key(graphs: list) -> str:
-    """A name for graphs compiled by one load, unique to it (two processes extending one folder at once each
-    keep theirs)."""
-    return hashlib.sha256(f"{os.getpid()} {time.time_ns()} {len(graphs)}".encode()).hexdigest()[:16]
 
 
 def _install(groups: dict[str, list], graphs: dict[str, list], misses: list[int], uncovered: list | None) -> None:
