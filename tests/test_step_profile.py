@@ -28,3 +28,4 @@ def test_step_profile_records_the_three_loops_on_graphs_compiled_then_loaded(tmp
         metrics = {r["metric"]: r["value"] for r in rows if r["mode"] == mode}
         assert all(metrics[m] > 0 for m in ("recipe_ms_per_step", "bare_synced_ms_per_step", "bare_ms_per_step"))
         assert metrics["aot_graphs"] > 0 and metrics["aot_steps_with_eager_block_calls"] == 0, metrics
+        assert metrics["aot_guard_check_ms_per_step"] > 0, metrics
