@@ -417,6 +417,7 @@ def _load(folder: Path, env: dict, context: Callable[[], Any] | None = None) -> 
     context: a tensor's guard takes the dispatch keys it expects from the context it is rebuilt in (autocast's
     among them)."""
     import torch
+    from torch._inductor import config as inductor_config
 
     if not (folder / META).exists():
         return None
@@ -426,7 +427,11 @@ def _load(folder: Path, env: dict, context: Callable[[], Any] | None = None) -> 
         graphs = []
         for part in [folder, *extras]:
             for i in range(json.loads((part / META).read_text())["graphs"]):
-                with (part / f"{i}.bin").open("rb") as f, (context or contextlib.nullcontext)():
+                # One compile thread: a graph's kernels are built from the cache here, in this process. Otherwise
+                # the first kernel starts inductor's pool of compile workers, whose start-up takes a core for the
+                # first steps and stalls the host's multi-threaded tensor ops (the inputs' noise) behind it.
+                with (part / f"{i}.bin").open("rb") as f, (context or contextlib.nullcontext)(), \
+                        inductor_config.patch(compile_threads=1):
                     graph = torch.compiler.load_compiled_function(f)
                 graph.disable_guard_check()  # checked by _Dispatch, once per call
                 graphs.append(graph)

@@ -114,3 +114,46 @@ def test_training_graphs_compiled_ahead_of_time_load_in_a_second_job(tiny_models
         "compiled and saved", "loaded from disk"], compiled + loaded  # and no step ran a block eagerly
     assert second == pytest.approx(first, rel=1e-3)
     assert first == pytest.approx(regular, rel=2e-2)  # bf16 kernels of two compiles differ in rounding
+
+
+LOADING_JOB = """
+import json, sys
+import psutil
+from torch._inductor.async_compile import AsyncCompile
+from training_service.lora_recipe import LoraRecipe, RecipeConfig
+base, examples, aot = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+cfg = RecipeConfig(family="zimage", base_dir=base, examples=[tuple(e) for e in examples], rank=4, alpha=4.0, steps=2,
+                   resolution=64, seed=1, device="cuda", precision="bf16", compile=True, aot_dir=aot)
+events = []
+recipe = LoraRecipe(cfg, emit=lambda kind, data: events.append((kind, data)))
+recipe.setup()
+recipe.train()
+print(json.dumps({"applied": [r["applied"] for k, d in events if k == "resolved" for r in d["resolved"]],
+                  "pools": AsyncCompile.process_pool.cache_info().currsize,
+                  "children": [p.cmdline()[:3] for p in psutil.Process().children(recursive=True)]}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_job_that_loads_its_graphs_starts_no_compile_workers(tiny_models, examples, tmp_path):
+    """Loading graphs compiled ahead of time builds their kernels in the trainer's own process: inductor's pool of
+    compile workers, started by the first kernel otherwise, kept a core busy through the first steps and made
+    the host's multi-threaded tensor ops (the inputs' noise) wait behind it, so loaded graphs trained slower
+    than the regular compile's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def job() -> dict:
+        done = subprocess.run([sys.executable, "-c", LOADING_JOB, str(tiny_models["zimage"]), json.dumps(examples),
+                               str(tmp_path / "aot")], capture_output=True, text=True, timeout=540,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    compiled = job()
+    assert "compiled and saved" in compiled["applied"][0], compiled
+    loaded = job()
+    assert "loaded from disk" in loaded["applied"][0], loaded
+    assert loaded["pools"] == 0 and loaded["children"] == [], loaded
