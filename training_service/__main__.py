@@ -46,10 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-cache-dir", type=Path,
                    default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "diffusion-services" / "inductor",
                    help="persistent compile cache the trainer processes share, so a second run compiles warm")
-    p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=True,
                    help="compiled jobs keep the repeated blocks' training graphs (forward and backward), compiled "
                         "ahead of time, under the compile cache and load them instead of tracing again: only the "
-                        "first job of a base and its settings pays the compile")
+                        "first job of a base and its settings pays the compile (--no-aot-blocks: every job traces "
+                        "the blocks with the regular regional compile)")
     p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
                    help="fork each job's trainer from one process that imported the trainer's libraries once "
                         "(forked at start, it imports them when the first job asks); --no-warm-trainer starts each trainer as a fresh process")

@@ -126,8 +126,8 @@ class LoraRecipe:
         from diffusion_kit import aot_blocks
 
         model, cfg = self.model, self.cfg
-        phase("compiling", "the repeated blocks' training graphs compiled ahead of time: loading them, or "
-                           "compiling and saving")
+        phase("compiling", f"the repeated blocks' training graphs compiled ahead of time ({backend}): loading them, "
+                           "or compiling and saving")
         env = aot_blocks.environment(cfg.device, {
             "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
             "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,

@@ -19,7 +19,8 @@ from tests.training_service.jobs_helper import request, trainer_alive, trainer_p
 
 def start_training_service(dirs):
     proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(dirs["out"]), "--adapter-store",
-                         str(dirs["adapters"]), "--compile-backend", "aot_eager", timeout=180)
+                         str(dirs["adapters"]), "--compile-backend", "aot_eager", "--compile-cache-dir",
+                         str(dirs["out"].parent / "compile"), timeout=180)
     channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
     return proc, channel, training_pb2_grpc.TrainingServiceStub(channel)
 
@@ -190,6 +191,9 @@ def test_speed_mode_default_compiles_and_says_how(service, tiny_models, dirs):
     compiling = [e.phase.message for e in events
                  if e.WhichOneof("event") == "phase" and e.phase.phase == pb.TRAINING_PHASE_COMPILING]
     assert len(compiling) == 1 and "aot_eager" in compiling[0]
+    ahead = next(r for e in events if e.WhichOneof("event") == "resolved" for r in e.resolved.resolved
+                 if r.control == "compile_ahead_of_time")  # on by default: the graphs are kept for the next job
+    assert ahead.status == c.SETTING_STATUS_APPLIED and "compiled and saved" in ahead.applied, ahead
 
 
 FAMILY_PROTOS = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1, "qwen_image": c.FAMILY_QWEN_IMAGE,
