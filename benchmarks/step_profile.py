@@ -143,6 +143,8 @@ def main() -> None:
                    help="with --compile: the blocks' graphs compiled ahead of time, loaded from DIR or saved there")
     p.add_argument("--built-model", action="store_true",
                    help="also time the bare loop over the same architecture built in-process (bf16 only)")
+    p.add_argument("--attention", default="",
+                   help="SDPA kernels to pin, in order (cudnn,flash,efficient); default: the training policy's")
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()
@@ -163,11 +165,14 @@ def main() -> None:
                        precision=args.precision if device == "cuda" else "fp32",
                        gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
                        compile_backend="inductor" if device == "cuda" else "aot_eager",
-                       aot_dir=str(args.aot_blocks) if args.aot_blocks else None)
+                       aot_dir=str(args.aot_blocks) if args.aot_blocks else None,
+                       attention=[k for k in args.attention.split(",") if k])
     resolved: list[dict] = []
     recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
     mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
+    if cfg.attention:
+        mode += "-attn-" + "+".join(cfg.attention)
     if recipe.aot is not None:
         mode += "-aot-loaded" if recipe.aot.loaded == recipe.aot.graphs else "-aot-compiled"
         record(mode, "aot_graphs", recipe.aot.graphs, "graphs", note=recipe.aot.how())

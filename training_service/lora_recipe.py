@@ -131,7 +131,7 @@ class LoraRecipe:
         env = aot_blocks.environment(cfg.device, {
             "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
             "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,
-            "attention_pin": cfg.device.startswith("cuda")})
+            "attention_pin": list(self._attention_kernels())})
 
         def regional() -> None:
             model.compile_repeated_blocks(dynamic=True, backend=backend)
@@ -280,15 +280,24 @@ class LoraRecipe:
 
     # ---- the loop ------------------------------------------------------------------------------------
 
-    def _attention_pin(self):
-        """Attention pinned to flash / memory-efficient SDPA on CUDA: the default choice crashed FLUX training
-        with an illegal memory access on an H200. Held over backward too: gradient checkpointing recomputes
-        the forward there, and a different backend saves different tensors (CheckpointError)."""
-        if not self.cfg.device.startswith("cuda"):
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+    def _attention_kernels(self) -> tuple[str, ...]:
+        """The SDPA kernels the step pins: the job's, or the policy's (training_service.attention_choice)."""
+        from training_service.attention_choice import training_attention
 
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION])
+        return training_attention(self.cfg.family, self.cfg.device, tuple(self.cfg.attention)).kernels
+
+    def _attention_pin(self):
+        """Attention pinned to the chosen fused SDPA kernels on CUDA, in order. Held over backward too: gradient
+        checkpointing recomputes the forward there, and a different kernel saves different tensors
+        (CheckpointError)."""
+        kernels = self._attention_kernels()
+        if not kernels:
+            return contextlib.nullcontext()
+        from torch.nn.attention import sdpa_kernel
+
+        from training_service.attention_choice import sdpa_backends
+
+        return sdpa_kernel(sdpa_backends(kernels), set_priority=True)
 
     def _context(self):
         """The forward's context: the attention pin, and bf16/fp16 autocast over fp32 LoRA parameters."""

@@ -15,6 +15,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
+from training_service.attention_choice import training_attention
 from training_service.requests import StartTraining
 
 SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_WARMUP: "constant_with_warmup",
@@ -33,6 +34,7 @@ class RunSettings:
     lr_schedule: str
     compile: bool
     gradient_checkpointing: bool
+    attention: tuple[str, ...]  # SDPA kernels the step pins (attention_choice)
     batch_size: int
     accumulation: int
     buckets: bool
@@ -89,10 +91,8 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
     resolved.append(Resolved("gradient_checkpointing", str(req.gradient_checkpointing).lower(),
                              str(req.gradient_checkpointing).lower(),
                              Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
-    resolved.append(Resolved("attention", "", "flash / memory-efficient SDPA (pinned)" if device == "cuda"
-                             else "SDPA (PyTorch's choice on CPU)", Source.AUTO,
-                             reason="cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)"
-                             if device == "cuda" else ""))
+    attention = training_attention(family.key, device)
+    resolved.append(Resolved("attention", "", attention.describe(), Source.AUTO, reason=attention.reason))
 
     if req.batch_size > MAX_BATCH:
         raise InvalidArgument(f"batch_size is at most {MAX_BATCH}, got {req.batch_size}", reason="BAD_VALUE")
@@ -120,5 +120,6 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
 
     return RunSettings(device=device, precision=precision, optimizer=optimizer,
                        lr_schedule=schedule, compile=compile_, gradient_checkpointing=req.gradient_checkpointing,
+                       attention=attention.kernels,
                        batch_size=batch, accumulation=accumulation, buckets=buckets, sample_every=req.sample_every,
                        sample_prompts=prompts, resolved=tuple(resolved))

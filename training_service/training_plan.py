@@ -124,7 +124,8 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
         rank=rank, alpha=alpha, learning_rate=learning_rate, steps=steps, resolution=resolution, seed=req.seed,
         warmup_steps=req.warmup_steps, device=run.device, precision=run.precision, optimizer=run.optimizer,
         lr_schedule=run.lr_schedule, batch_size=run.batch_size, accumulation=run.accumulation, buckets=run.buckets,
-        compile=run.compile, gradient_checkpointing=run.gradient_checkpointing, checkpoint_every=req.checkpoint_every,
+        compile=run.compile, gradient_checkpointing=run.gradient_checkpointing, attention=list(run.attention),
+        checkpoint_every=req.checkpoint_every,
         sample_every=run.sample_every, sample_prompts=list(run.sample_prompts),
         dataset_fingerprint=dataset.fingerprint(examples), adapter_id=req.adapter_id,
         trigger_words=list(req.trigger_words), hub_repo=hub_repo)

@@ -1,0 +1,45 @@
+"""Which fused attention kernels (PyTorch SDPA backends) a training step may use, in the order it prefers them.
+
+Pure, so the service states in the resolved record exactly what the trainer child will pin. The pin holds over
+backward too: gradient checkpointing recomputes the forward there, and another kernel saves other tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KERNELS = ("cudnn", "flash", "efficient")  # the fused SDPA backends a pin may name
+# Flash first, memory-efficient where flash cannot run the call (a mask, an odd head size). PyTorch's default
+# order puts cuDNN first on Hopper, and cuDNN crashed a FLUX training step with an illegal memory access.
+PINNED = ("flash", "efficient")
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    kernels: tuple[str, ...]  # empty: PyTorch's own choice (no GPU)
+    reason: str
+
+    def describe(self) -> str:
+        return " / ".join(self.kernels) + " SDPA (pinned, in this order)" if self.kernels else \
+            "SDPA (PyTorch's choice on CPU)"
+
+
+def training_attention(family_key: str, device: str, asked: tuple[str, ...] = ()) -> AttentionChoice:
+    """The kernels a step pins on `device`. `asked` (an operator's override, as the benchmarks pass) wins when
+    every name in it is a fused kernel; ValueError otherwise."""
+    if not device.startswith("cuda"):
+        return AttentionChoice((), "")
+    if asked:
+        unknown = [k for k in asked if k not in KERNELS]
+        if unknown:
+            raise ValueError(f"attention kernels are {', '.join(KERNELS)}; not {', '.join(unknown)}")
+        return AttentionChoice(tuple(asked), "asked for")
+    return AttentionChoice(PINNED, "cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)")
+
+
+def sdpa_backends(kernels: tuple[str, ...]) -> list:
+    """The torch SDPBackend values of `kernels`, in order."""
+    from torch.nn.attention import SDPBackend
+
+    names = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return [names[k] for k in kernels]
