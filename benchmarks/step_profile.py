@@ -172,7 +172,7 @@ def main() -> None:
     recipe.setup()
     mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
     if cfg.attention:
-        mode += "-attn-" + "+".join(cfg.attention)
+        mode += "-attn-" + "-".join(cfg.attention)
     if recipe.aot is not None:
         mode += "-aot-loaded" if recipe.aot.loaded == recipe.aot.graphs else "-aot-compiled"
         record(mode, "aot_graphs", recipe.aot.graphs, "graphs", note=recipe.aot.how())
@@ -181,10 +181,15 @@ def main() -> None:
     recipe.train(until_step=5)
     guards = timed_guard_checks(recipe.aot) if recipe.aot is not None else None
     _sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     recipe.train(until_step=5 + steps)
     _sync()
     record(mode, "recipe_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
+    if torch.cuda.is_available():
+        record(mode, "recipe_peak_allocated_gib", torch.cuda.max_memory_allocated() / 2**30, "GiB",
+               note="the caching allocator's peak over the timed steps of the recipe's loop")
     if guards is not None:
         record(mode, "aot_guard_check_ms_per_step", guards[0] / steps * 1e3, "ms",
                note="the graphs' guard checks in Python (prepare the frame's locals, run the guard manager), "
