@@ -75,7 +75,7 @@ TABLE: dict[Precision, PrecisionFacts] = {
     Precision.BF16: PrecisionFacts(c.PRECISION_BF16, True, "bfloat16", 16, 2.0, True, False, None, ""),
     Precision.FP16: PrecisionFacts(c.PRECISION_FP16, True, "float16", 16, 2.0, True, False, None, ""),
     Precision.FP32: PrecisionFacts(c.PRECISION_FP32, True, "float32", 32, 4.0, True, False, None, ""),
-    Precision.NF4: PrecisionFacts(c.PRECISION_NF4, False, "bfloat16", 5.5, 0.85, False, False, "bitsandbytes", ""),
+    Precision.NF4: PrecisionFacts(c.PRECISION_NF4, False, "bfloat16", 5.5, 0.85, True, False, "bitsandbytes", ""),
     Precision.INT8: PrecisionFacts(c.PRECISION_INT8, False, "bfloat16", 8.5, 1.15, False, True, "torchao", ""),
     Precision.FP8: PrecisionFacts(c.PRECISION_FP8, False, "bfloat16", 8.5, 2.5, True, True, "torchao", "fp8"),
     Precision.MXFP8: PrecisionFacts(c.PRECISION_MXFP8, False, "bfloat16", 8.5, 2.5, True, True, "torchao",

@@ -76,10 +76,10 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
                                  reason=slow))
         compile_ = False
     elif not precision.facts.training_compiles:
-        # nf4 (bitsandbytes) and int8 (torchao weight-only) run eager, where they measured fastest.
+        # int8 (torchao weight-only) runs eager, where it measured fastest.
         resolved.append(Resolved("speed_mode", asked, "eager", Source.EXPLICIT, Status.UNSUPPORTED,
-                                 f"{precision.proto_name} bases train eager (bitsandbytes / torchao weight-only "
-                                 "kernels); choose PRECISION_BF16 or PRECISION_FP8 to compile"))
+                                 f"{precision.proto_name} bases train eager (torchao weight-only kernels); "
+                                 "choose PRECISION_BF16, PRECISION_FP8 or PRECISION_NF4 to compile"))
         compile_ = False
     else:
         compile_ = True

@@ -30,9 +30,10 @@ def examples(tmp_path_factory):
     # A cold inductor compile of forward, backward and the sampling graph takes minutes, not the default 120 s.
     pytest.param("bf16", {"compile": True}, marks=pytest.mark.timeout(900)),
     pytest.param("fp8", {"compile": True}, marks=pytest.mark.timeout(900)),
+    pytest.param("nf4", {"compile": True}, marks=pytest.mark.timeout(900)),
     pytest.param("nf4", {"compile": True, "gradient_checkpointing": True}, marks=pytest.mark.timeout(900)),
     ("nf4", {"optimizer": "adamw8bit"}), ("bf16", {"gradient_checkpointing": True}),
-], ids=["bf16", "nf4", "int8", "fp8", "bf16-compile", "fp8-compile", "nf4-gc-compile", "nf4-adamw8bit", "bf16-gc"])
+], ids=["bf16", "nf4", "int8", "fp8", "bf16-compile", "fp8-compile", "nf4-compile", "nf4-gc-compile", "nf4-adamw8bit", "bf16-gc"])
 def test_precision_trains_samples_and_exports(tiny_models, examples, tmp_path, family, precision, extra):
     if family == "qwen_image" and precision == "fp8":
         pytest.skip("fp8 is denied for Qwen-Image")

@@ -35,7 +35,7 @@ def by_control(settings):
     (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
     (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_MAX}, "cuda", True, Status.FELL_BACK),
     (H200, "PRECISION_FP8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
-    (H200, "PRECISION_NF4", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", False, Status.UNSUPPORTED),
+    (H200, "PRECISION_NF4", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
     (H200, "PRECISION_INT8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", False, Status.UNSUPPORTED),
     (CPU, "PRECISION_FP32", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cpu", True, Status.APPLIED),
 ])
