@@ -59,7 +59,9 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
     resolved.append(Resolved("optimizer", _name(pb.Optimizer, req.optimizer), optimizer,
                              Source.EXPLICIT if req.optimizer else Source.DEFAULT,
                              reason="8-bit moments for LoRA tensors of 4096 elements or more, 32-bit below "
-                                    "(bitsandbytes' min_8bit_size)" if optimizer == "adamw8bit" else ""))
+                                    "(bitsandbytes' min_8bit_size)" if optimizer == "adamw8bit" else
+                                    "fused: one CUDA kernel steps every LoRA tensor" if device.startswith("cuda")
+                                    else ""))
 
     schedule = SCHEDULES.get(req.lr_schedule, "constant_with_warmup")
     resolved.append(Resolved("lr_schedule", _name(pb.LrSchedule, req.lr_schedule),

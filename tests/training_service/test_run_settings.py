@@ -61,6 +61,11 @@ def test_optimizer_and_schedule(caps, fields, optimizer, schedule):
     assert (settings.optimizer, settings.lr_schedule) == (optimizer, schedule)
     assert by_control(settings)["lr_schedule"].applied.startswith(schedule)
     assert ("min_8bit_size" in by_control(settings)["optimizer"].reason) == (optimizer == "adamw8bit")
+    assert ("fused" in by_control(settings)["optimizer"].reason) == (optimizer == "adamw" and caps is H200)
+
+
+def test_adamw_on_the_cpu_is_not_fused():
+    assert by_control(run(CPU, applied="PRECISION_FP32"))["optimizer"].reason == ""
 
 
 @pytest.mark.parametrize("caps, fields, error, reason", [
