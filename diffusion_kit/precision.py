@@ -91,6 +91,9 @@ QUANTIZED = tuple(p for p, f in TABLE.items() if f.library)  # what transformer_
 TORCHAO_SCHEMES = tuple(p for p, f in TABLE.items() if f.library == "torchao")  # the smoke probe tries these
 BLACKWELL_ONLY = frozenset(p for p, f in TABLE.items() if f.needs == "blackwell")
 TRAINING_BASES = tuple(p for p, f in TABLE.items() if f.training_bytes is not None)
+# Bases whose compiled training graphs save to disk but do not load back in a later job (torch.compiler
+# load_compiled_function over bitsandbytes 4-bit blocks failed on an H100): they take the regular compile.
+GRAPHS_DO_NOT_RELOAD = frozenset({Precision.NF4})
 
 
 def names(precisions) -> str:

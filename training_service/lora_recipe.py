@@ -24,7 +24,7 @@ import torch
 
 from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompile
 from diffusion_kit.families import FAMILIES, FamilySpec
-from diffusion_kit.precision import Precision
+from diffusion_kit.precision import GRAPHS_DO_NOT_RELOAD, Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
@@ -126,15 +126,23 @@ class LoraRecipe:
         from diffusion_kit import aot_blocks
 
         model, cfg = self.model, self.cfg
+
+        def regional() -> None:
+            model.compile_repeated_blocks(dynamic=True, backend=backend)
+
+        if Precision(cfg.precision) in GRAPHS_DO_NOT_RELOAD:
+            self.emit("resolved", {"resolved": [aot_blocks.fell_back(
+                f"{Precision(cfg.precision).proto_name} blocks' compiled graphs do not load back from disk in a "
+                "later job").to_dict()]})
+            regional()
+            self.compiled = True
+            return None
         phase("compiling", f"the repeated blocks' training graphs compiled ahead of time ({backend}): loading them, "
                            "or compiling and saving")
         env = aot_blocks.environment(cfg.device, {
             "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
             "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,
             "attention_pin": list(self._attention_kernels())})
-
-        def regional() -> None:
-            model.compile_repeated_blocks(dynamic=True, backend=backend)
 
         def capture() -> None:
             """A forward with gradients, as training runs it, of one micro-batch of every shape the job trains on;
