@@ -31,6 +31,7 @@ from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
+from training_service.optimizer_choice import optimizer_choice
 
 log = logging.getLogger("training_service.lora_recipe")
 
@@ -178,13 +179,12 @@ class LoraRecipe:
         return sorted(first.values())
 
     def _optimizer(self):
-        if self.cfg.optimizer == "adamw8bit":
+        choice = optimizer_choice(self.cfg.optimizer, self.cfg.device)
+        if choice.name == "adamw8bit":
             import bitsandbytes
 
             return bitsandbytes.optim.AdamW8bit(self.params, lr=self.cfg.learning_rate)
-        # On CUDA the fused kernel steps every LoRA tensor at once; the per-tensor loop reads each tensor's step
-        # count on the host, hundreds of calls a step.
-        return torch.optim.AdamW(self.params, lr=self.cfg.learning_rate, fused=self.cfg.device.startswith("cuda"))
+        return torch.optim.AdamW(self.params, lr=self.cfg.learning_rate, fused=choice.fused)
 
     def _pipeline(self, **components):
         import diffusers

@@ -16,6 +16,7 @@ from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
 from training_service.attention_choice import training_attention
+from training_service.optimizer_choice import optimizer_choice
 from training_service.requests import StartTraining
 
 SCHEDULES = {pb.LR_SCHEDULE_CONSTANT: "constant", pb.LR_SCHEDULE_CONSTANT_WITH_WARMUP: "constant_with_warmup",
@@ -58,10 +59,7 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
                                  "use OPTIMIZER_ADAMW", reason="OPTIMIZER_UNAVAILABLE")
     resolved.append(Resolved("optimizer", _name(pb.Optimizer, req.optimizer), optimizer,
                              Source.EXPLICIT if req.optimizer else Source.DEFAULT,
-                             reason="8-bit moments for LoRA tensors of 4096 elements or more, 32-bit below "
-                                    "(bitsandbytes' min_8bit_size)" if optimizer == "adamw8bit" else
-                                    "fused: one CUDA kernel steps every LoRA tensor" if device.startswith("cuda")
-                                    else ""))
+                             reason=optimizer_choice(optimizer, device).reason))
 
     schedule = SCHEDULES.get(req.lr_schedule, "constant_with_warmup")
     resolved.append(Resolved("lr_schedule", _name(pb.LrSchedule, req.lr_schedule),
