@@ -139,6 +139,9 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true",
                    help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
+    p.add_argument("--cudagraphs", action="store_true",
+                   help="an experiment, not a service mode: the blocks compiled with inductor's CUDA graphs "
+                        "(mode reduce-overhead, static shapes) in place of the regular compile")
     p.add_argument("--aot-blocks", type=Path, metavar="DIR",
                    help="with --compile: the blocks' graphs compiled ahead of time, loaded from DIR or saved there")
     p.add_argument("--built-model", action="store_true",
@@ -150,6 +153,8 @@ def main() -> None:
     args = p.parse_args()
     if args.aot_blocks and not args.compile:
         p.error("--aot-blocks needs --compile: only compiled blocks have graphs to keep")
+    if args.cudagraphs and (args.compile or args.aot_blocks):
+        p.error("--cudagraphs compiles the blocks itself: leave out --compile and --aot-blocks")
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -171,6 +176,13 @@ def main() -> None:
     recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
     mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
+    if args.cudagraphs:
+        # CUDA graph trees record each block call's forward and backward once per shape and replay them: one
+        # launch per block call where the regular compile launches each kernel from the host.
+        recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
+                                             mode="reduce-overhead" if device == "cuda" else None)
+        recipe.compiled = True
+        mode = mode.replace("-eager", "-cudagraphs")
     if cfg.attention:
         mode += "-attn-" + "-".join(cfg.attention)
     if recipe.aot is not None:
