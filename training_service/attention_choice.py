@@ -36,6 +36,14 @@ def training_attention(family_key: str, device: str, asked: tuple[str, ...] = ()
     return AttentionChoice(PINNED, "cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)")
 
 
+def compile_cache_tag(kernels: tuple[str, ...]) -> str:
+    """The tag a step pinned to `kernels` puts in torch.compile's cache keys (torch.compiler.config.cache_key_tag).
+    The compile caches on disk key a graph without the SDPA kernel selection it was traced under, and a traced
+    graph holds the kernel chosen then: without the tag, a job under one pin is handed the graphs a job under
+    another pin compiled (measured: a cuDNN pin ran flash kernels after a flash-pinned job on the same host)."""
+    return "sdpa:" + ",".join(kernels) if kernels else ""
+
+
 def sdpa_backends(kernels: tuple[str, ...]) -> list:
     """The torch SDPBackend values of `kernels`, in order."""
     from torch.nn.attention import SDPBackend

@@ -100,6 +100,10 @@ class LoraRecipe:
         self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
         backend = self.cfg.compile_backend if self.cfg.compile else None
+        if backend is not None:
+            from training_service.attention_choice import compile_cache_tag
+
+            torch.compiler.config.cache_key_tag = compile_cache_tag(self._attention_kernels())
         ahead = backend is not None and bool(self.cfg.aot_dir)
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,

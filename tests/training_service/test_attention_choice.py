@@ -2,7 +2,7 @@
 import pytest
 
 from diffusion_kit.families import FAMILIES
-from training_service.attention_choice import KERNELS, PINNED, training_attention
+from training_service.attention_choice import KERNELS, PINNED, compile_cache_tag, training_attention
 from tests.training_service.test_run_settings import H200, CPU, by_control, run
 
 
@@ -15,6 +15,16 @@ from tests.training_service.test_run_settings import H200, CPU, by_control, run
 ])
 def test_kernels_by_family_device_and_override(family, device, asked, kernels):
     assert training_attention(family, device, asked).kernels == kernels
+
+
+@pytest.mark.parametrize("kernels, tag", [
+    ((), ""),  # no pin: the caches' keys stay as torch makes them
+    (("flash", "efficient"), "sdpa:flash,efficient"),
+    (("efficient", "flash"), "sdpa:efficient,flash"),  # the order is the priority, so it is part of the key
+    (("cudnn", "flash", "efficient"), "sdpa:cudnn,flash,efficient"),
+])
+def test_each_pin_has_its_own_compile_cache_tag(kernels, tag):
+    assert compile_cache_tag(kernels) == tag
 
 
 def test_an_unknown_kernel_is_refused_by_name():

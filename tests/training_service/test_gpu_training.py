@@ -176,3 +176,43 @@ def test_a_job_that_loads_its_graphs_starts_no_compile_workers(tiny_models, exam
     loaded = job()
     assert "loaded from disk" in loaded["applied"][0], loaded
     assert loaded["pools"] == 0 and loaded["children"] == [], loaded
+
+
+PINNED_JOB = """
+import json, sys
+import torch
+from training_service.lora_recipe import LoraRecipe, RecipeConfig
+base, examples, kernel = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+cfg = RecipeConfig(family="zimage", base_dir=base, examples=[tuple(e) for e in examples], rank=4, alpha=4.0, steps=3,
+                   resolution=64, seed=1, device="cuda", precision="bf16", compile=True, attention=[kernel])
+recipe = LoraRecipe(cfg, emit=lambda kind, data: None)
+recipe.setup()
+recipe.train(until_step=2)
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    recipe.train(until_step=3)
+names = {e.name for e in prof.events()}
+print(json.dumps(sorted(k for k in ("flash_attention", "efficient_attention") if any(k in n for n in names))))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_job_under_another_attention_pin_compiles_its_own_graphs(tiny_models, examples, tmp_path):
+    """torch's compile caches on disk leave the SDPA kernel selection out of their keys, and a traced graph holds
+    the kernel chosen when it was traced: a job pinned to one kernel ran the kernel of the job before it. Each
+    pin now tags the keys, so the second job, sharing the cache, runs its own kernel."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+    def job(kernel: str) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", PINNED_JOB, str(tiny_models["zimage"]), json.dumps(examples),
+                               kernel], capture_output=True, text=True, timeout=280, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert job("flash") == ["flash_attention"]
+    assert job("efficient") == ["efficient_attention"]
