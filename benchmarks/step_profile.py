@@ -201,7 +201,12 @@ def main() -> None:
     record(mode, "recipe_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms")
     if torch.cuda.is_available():
         record(mode, "recipe_peak_allocated_gib", torch.cuda.max_memory_allocated() / 2**30, "GiB",
-               note="the caching allocator's peak over the timed steps of the recipe's loop")
+               note="the caching allocator's peak over the timed steps of the recipe's loop" + (
+                   "; replayed CUDA graphs use their pool without the allocator, so this leaves them out"
+                   if args.cudagraphs else ""))
+        record(mode, "recipe_peak_reserved_gib", torch.cuda.max_memory_reserved() / 2**30, "GiB",
+               note="the memory the caching allocator held at its peak over the same steps, CUDA graph pools "
+                    "included")
     if guards is not None:
         record(mode, "aot_guard_check_ms_per_step", guards[0] / steps * 1e3, "ms",
                note="the graphs' guard checks in Python (prepare the frame's locals, run the guard manager), "
