@@ -100,7 +100,7 @@ class LoraRecipe:
         self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
         backend = self.cfg.compile_backend if self.cfg.compile else None
-        if backend is not None:
+        if backend is not None and self._attention_kernels():
             from training_service.attention_choice import compile_cache_tag
 
             torch.compiler.config.cache_key_tag = compile_cache_tag(self._attention_kernels())
