@@ -44,9 +44,26 @@ HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync
               "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::to", "aten::copy_")
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")
+ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
+
+
+def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str, float], tuple[str, ...]]:
+    """From (operator, CUDA time it launched itself, us) pairs of a profile over `steps` steps: the GEMM and SDPA
+    kernels' milliseconds per step, and which fused SDPA kernels ran (the names of training_service's pins), so a
+    pin that did not take is seen in the rows, not only in the tables."""
+    gemm = sum(us for op, us in ops if op in GEMM_OPS)
+    ran = {name: sum(us for op, us in ops if op.startswith("aten::") and marker in op)
+           for name, marker in ATTENTION_KERNELS.items()}
+    ms = {"gemm_kernel_ms_per_step": gemm / 1e3 / steps,
+          "attention_kernel_ms_per_step": sum(ran.values()) / 1e3 / steps}
+    return ms, tuple(name for name, us in ran.items() if us > 0)
+
+
 def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, dict[str, float]] | None:
-    """The share of wall time that CUDA kernels ran over `steps` calls of fn, and the per-step count of the host
-    calls that launch, copy or wait (None without a GPU). `table` gets the profiler's busiest host ops."""
+    """The share of wall time that CUDA kernels ran over `steps` calls of fn, and per step: the count of the host
+    calls that launch, copy or wait, the kernel milliseconds (all, GEMM, attention) and which SDPA kernels ran
+    (kernel_breakdown). None without a GPU. `table` gets the profiler's busiest host ops."""
     if not torch.cuda.is_available():
         return None
     from torch.profiler import ProfilerActivity, profile
@@ -62,6 +79,10 @@ def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, di
     busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
     averages = prof.key_averages()
     counts = {e.key: e.count / steps for e in averages if e.key in HOST_CALLS}
+    counts["kernel_ms_per_step"] = busy_us / 1e3 / steps
+    ms, ran = kernel_breakdown([(e.key, e.self_device_time_total) for e in averages], steps)
+    counts.update(ms)
+    counts["attention_kernels_ran"] = ",".join(ran) or "none"
     if table is not None:
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" +
@@ -155,6 +176,7 @@ def main() -> None:
         p.error("--aot-blocks needs --compile: only compiled blocks have graphs to keep")
     if args.cudagraphs and (args.compile or args.aot_blocks):
         p.error("--cudagraphs compiles the blocks itself: leave out --compile and --aot-blocks")
+    from training_service.attention_choice import training_attention
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -248,6 +270,7 @@ def main() -> None:
         record(mode, "built_ms_per_step", (time.perf_counter() - t0) / steps * 1e3, "ms",
                note="the bare loop over a model built in this process from the same config (random weights)")
 
+    pinned = training_attention(cfg.family, device, tuple(cfg.attention)).kernels
     for name, fn in (("recipe", lambda: recipe.train(until_step=recipe.state.step + 1)), ("bare", bare_step)):
         table = args.tables / f"{args.family}-{mode}-{name}.txt" if args.tables else None
         traced = gpu_busy_share(fn, 3, table)
@@ -255,6 +278,14 @@ def main() -> None:
             share, counts = traced
             record(mode, f"{name}_gpu_busy_share", share, "fraction",
                    note="CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)")
+            ran = counts.pop("attention_kernels_ran")
+            record(mode, f"{name}_attention_kernels_ran", ran, "kernels",
+                   note="the fused SDPA kernels whose operators launched CUDA time in the traced steps")
+            if pinned and pinned[0] not in ran.split(","):
+                record(mode, f"{name}_attention_pin_not_honoured", pinned[0], "kernel",
+                       note=f"pinned {','.join(pinned)}, in this order; ran {ran}")
+            for metric in ("kernel_ms_per_step", "gemm_kernel_ms_per_step", "attention_kernel_ms_per_step"):
+                record(mode, f"{name}_{metric}", counts.pop(metric), "ms")
             for call, per_step in sorted(counts.items()):
                 record(mode, f"{name}_{call}_per_step", per_step, "calls")
 

@@ -29,3 +29,25 @@ def test_step_profile_records_the_three_loops_on_graphs_compiled_then_loaded(tmp
         assert all(metrics[m] > 0 for m in ("recipe_ms_per_step", "bare_synced_ms_per_step", "bare_ms_per_step"))
         assert metrics["aot_graphs"] > 0 and metrics["aot_steps_with_eager_block_calls"] == 0, metrics
         assert metrics["aot_guard_check_ms_per_step"] > 0, metrics
+
+
+@pytest.mark.parametrize("ops, ms, ran", [
+    # a compiled flash step: the SDPA wrapper launches nothing itself, its flash child does
+    ([("aten::mm", 6000.0), ("aten::_scaled_dot_product_flash_attention", 0.0),
+      ("aten::_flash_attention_forward", 1000.0), ("aten::_flash_attention_backward", 3000.0),
+      ("triton_poi_fused_mul_0", 500.0)], (3.0, 2.0), ("flash",)),
+    # cuDNN's operators launch their kernels themselves
+    ([("aten::addmm", 2000.0), ("aten::_scaled_dot_product_cudnn_attention", 400.0),
+      ("aten::_scaled_dot_product_cudnn_attention_backward", 1200.0)], (1.0, 0.8), ("cudnn",)),
+    # both fused kernels in one step (the pin's second choice where the first could not run the call)
+    ([("aten::_efficient_attention_forward", 200.0), ("aten::_flash_attention_forward", 200.0),
+      ("aten::bmm", 0.0)], (0.0, 0.2), ("flash", "efficient")),
+    # no fused attention: the math fallback's matmuls count as GEMM
+    ([("aten::bmm", 800.0), ("aten::_softmax", 100.0)], (0.4, 0.0), ()),
+])
+def test_kernel_breakdown(ops, ms, ran):
+    from benchmarks.step_profile import kernel_breakdown
+
+    per_step, kernels = kernel_breakdown(ops, steps=2)
+    assert (per_step["gemm_kernel_ms_per_step"], per_step["attention_kernel_ms_per_step"]) == pytest.approx(ms)
+    assert kernels == ran
