@@ -19,8 +19,12 @@ torch.profiler trace of a few steps.
 With --aot-blocks DIR the compiled blocks are the graphs compiled ahead of time in DIR (loaded, or compiled and
 saved there): run it twice to time the loaded graphs.
 
-    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--compile] [--aot-blocks DIR]
-        [--steps 30] [--out FILE]
+With --cudagraphs (an experiment) the blocks run under inductor's CUDA graph trees instead. On a GPU the rows
+also say, per loop, the kernel time per step, its GEMM and attention shares, and which fused SDPA kernels ran,
+with an `attention_pin_not_honoured` row when the pin's first kernel did not.
+
+    python -m benchmarks.step_profile --family flux1 [--tiny] [--precision bf16] [--compile | --cudagraphs]
+        [--aot-blocks DIR] [--attention cudnn,flash,efficient] [--steps 30] [--out FILE] [--tables DIR]
 """
 from __future__ import annotations
 
