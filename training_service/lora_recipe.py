@@ -32,6 +32,7 @@ from training_service.encode_cache import EncodeCache, component_id, file_finger
 from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
+from training_service.attention_choice import compile_cache_tag, sdpa_backends, training_attention
 
 log = logging.getLogger("training_service.lora_recipe")
 
@@ -100,10 +101,8 @@ class LoraRecipe:
         self.plan = aspect_buckets.BatchPlan([ex.bucket for ex in self.examples], self.cfg.batch_size, self.cfg.seed)
         self.emit("phase", {"phase": "loading_transformer"})
         backend = self.cfg.compile_backend if self.cfg.compile else None
-        if backend is not None and self._attention_kernels():
-            from training_service.attention_choice import compile_cache_tag
-
-            torch.compiler.config.cache_key_tag = compile_cache_tag(self._attention_kernels())
+        if backend is not None and (tag := compile_cache_tag(self._attention_kernels())):
+            torch.compiler.config.cache_key_tag = tag  # empty (no pin): an operator's tag stands
         ahead = backend is not None and bool(self.cfg.aot_dir)
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
@@ -135,13 +134,15 @@ class LoraRecipe:
         def regional() -> None:
             model.compile_repeated_blocks(dynamic=True, backend=backend)
 
-        if Precision(cfg.precision) in GRAPHS_DO_NOT_RELOAD:
-            self.emit("resolved", {"resolved": [aot_blocks.fell_back(
-                f"{Precision(cfg.precision).proto_name} blocks' compiled graphs do not load back from disk in a "
-                "later job").to_dict()]})
+        def fall_back(why: str) -> None:
+            """No graphs kept: the record says why, and the regular regional compile runs."""
+            self.emit("resolved", {"resolved": [aot_blocks.fell_back(why).to_dict()]})
             regional()
             self.compiled = True
-            return None
+
+        if Precision(cfg.precision) in GRAPHS_DO_NOT_RELOAD:
+            return fall_back(f"{Precision(cfg.precision).proto_name} blocks' compiled graphs do not load back from "
+                             "disk in a later job")
         phase("compiling", f"the repeated blocks' training graphs compiled ahead of time ({backend}): loading them, "
                            "or compiling and saving")
         env = aot_blocks.environment(cfg.device, {
@@ -163,10 +164,7 @@ class LoraRecipe:
             aot = aot_blocks.install(model, Path(cfg.aot_dir), env, capture, backend, {}, regional, grad=True,
                                      context=self._context, verify_loaded=True)
         except aot_blocks.AotUnavailable as e:
-            self.emit("resolved", {"resolved": [aot_blocks.fell_back(e.why).to_dict()]})
-            regional()
-            self.compiled = True
-            return None
+            return fall_back(e.why)
         self.compiled = True
         self.emit("resolved", {"resolved": [aot.record(where="the job's record; sample images, which run without "
                                                              "gradients, run the blocks eagerly").to_dict()]})
@@ -296,8 +294,6 @@ class LoraRecipe:
 
     def _attention_kernels(self) -> tuple[str, ...]:
         """The SDPA kernels the step pins: the job's, or the policy's (training_service.attention_choice)."""
-        from training_service.attention_choice import training_attention
-
         return training_attention(self.cfg.family, self.cfg.device, tuple(self.cfg.attention)).kernels
 
     def _attention_pin(self):
@@ -308,8 +304,6 @@ class LoraRecipe:
         if not kernels:
             return contextlib.nullcontext()
         from torch.nn.attention import sdpa_kernel
-
-        from training_service.attention_choice import sdpa_backends
 
         return sdpa_kernel(sdpa_backends(kernels), set_priority=True)
 
