@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -64,8 +65,19 @@ def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str
     return ms, tuple(name for name, us in ran.items() if us > 0)
 
 
-def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, dict[str, float]] | None:
-    """The share of wall time that CUDA kernels ran over `steps` calls of fn, and per step: the count of the host
+@dataclass(frozen=True)
+class Trace:
+    """What a profiler trace of a few steps says, per step."""
+    busy_share: float  # CUDA kernel time over wall time
+    calls: dict[str, float]  # HOST_CALLS counts
+    kernel_ms: float
+    gemm_ms: float
+    attention_ms: float
+    attention_ran: tuple[str, ...]
+
+
+def gpu_busy_share(fn, steps: int, table: Path | None = None) -> Trace | None:
+    """A profiler trace of `steps` calls of fn: the share of wall time CUDA kernels ran, and per step the host
     calls that launch, copy or wait, the kernel milliseconds (all, GEMM, attention) and which SDPA kernels ran
     (kernel_breakdown). None without a GPU. `table` gets the profiler's busiest host ops."""
     if not torch.cuda.is_available():
@@ -82,16 +94,31 @@ def gpu_busy_share(fn, steps: int, table: Path | None = None) -> tuple[float, di
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
     averages = prof.key_averages()
-    counts = {e.key: e.count / steps for e in averages if e.key in HOST_CALLS}
-    counts["kernel_ms_per_step"] = busy_us / 1e3 / steps
     ms, ran = kernel_breakdown([(e.key, e.self_device_time_total) for e in averages], steps)
-    counts.update(ms)
-    counts["attention_kernels_ran"] = ",".join(ran) or "none"
     if table is not None:
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" +
                          averages.table(sort_by="self_device_time_total", row_limit=25))
-    return busy_us / 1e6 / wall, counts
+    return Trace(busy_us / 1e6 / wall, {e.key: e.count / steps for e in averages if e.key in HOST_CALLS},
+                 busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran)
+
+
+def trace_rows(name: str, trace: Trace, pinned: tuple[str, ...], replayed: bool) -> list[tuple]:
+    """The (metric, value, unit, note) rows of one loop's trace. `replayed`: the step ran as CUDA graphs, whose
+    replays run no operators on the host, so their kernels have no owner and only the total is said."""
+    rows = [(f"{name}_gpu_busy_share", trace.busy_share, "fraction",
+             "CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)"),
+            (f"{name}_kernel_ms_per_step", trace.kernel_ms, "ms", None)]
+    if not replayed:
+        ran = ",".join(trace.attention_ran) or "none"
+        rows.append((f"{name}_attention_kernels_ran", ran, "kernels",
+                     "the fused SDPA kernels whose operators launched CUDA time in the traced steps"))
+        if pinned and pinned[0] not in trace.attention_ran:
+            rows.append((f"{name}_attention_pin_not_honoured", pinned[0], "kernel",
+                         f"pinned {','.join(pinned)}, in this order; ran {ran}"))
+        rows += [(f"{name}_gemm_kernel_ms_per_step", trace.gemm_ms, "ms", None),
+                 (f"{name}_attention_kernel_ms_per_step", trace.attention_ms, "ms", None)]
+    return rows + [(f"{name}_{call}_per_step", per_step, "calls", None) for call, per_step in sorted(trace.calls.items())]
 
 
 def timed_guard_checks(aot) -> list[float]:
@@ -277,25 +304,9 @@ def main() -> None:
     pinned = training_attention(cfg.family, device, tuple(cfg.attention)).kernels
     for name, fn in (("recipe", lambda: recipe.train(until_step=recipe.state.step + 1)), ("bare", bare_step)):
         table = args.tables / f"{args.family}-{mode}-{name}.txt" if args.tables else None
-        traced = gpu_busy_share(fn, 3, table)
-        if traced is not None:
-            share, counts = traced
-            record(mode, f"{name}_gpu_busy_share", share, "fraction",
-                   note="CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)")
-            record(mode, f"{name}_kernel_ms_per_step", counts.pop("kernel_ms_per_step"), "ms")
-            ran = counts.pop("attention_kernels_ran")
-            by_operator = [counts.pop(m) for m in ("gemm_kernel_ms_per_step", "attention_kernel_ms_per_step")]
-            if not args.cudagraphs:  # a replayed graph runs no operators on the host: its kernels have no owner
-                record(mode, f"{name}_attention_kernels_ran", ran, "kernels",
-                       note="the fused SDPA kernels whose operators launched CUDA time in the traced steps")
-                if pinned and pinned[0] not in ran.split(","):
-                    record(mode, f"{name}_attention_pin_not_honoured", pinned[0], "kernel",
-                           note=f"pinned {','.join(pinned)}, in this order; ran {ran}")
-                record(mode, f"{name}_gemm_kernel_ms_per_step", by_operator[0], "ms")
-                record(mode, f"{name}_attention_kernel_ms_per_step", by_operator[1], "ms")
-            for call, per_step in sorted(counts.items()):
-                record(mode, f"{name}_{call}_per_step", per_step, "calls")
-
+        trace = gpu_busy_share(fn, 3, table)
+        for metric, value, unit, note in trace_rows(name, trace, pinned, args.cudagraphs) if trace else ():
+            record(mode, metric, value, unit, **({"note": note} if note else {}))
 
 if __name__ == "__main__":
     main()

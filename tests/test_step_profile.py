@@ -51,3 +51,21 @@ def test_kernel_breakdown(ops, ms, ran):
     per_step, kernels = kernel_breakdown(ops, steps=2)
     assert (per_step["gemm_kernel_ms_per_step"], per_step["attention_kernel_ms_per_step"]) == pytest.approx(ms)
     assert kernels == ran
+
+
+@pytest.mark.parametrize("ran, pinned, replayed, said, not_honoured", [
+    (("flash",), ("flash", "efficient"), False, "flash", None),
+    (("flash",), ("cudnn", "flash", "efficient"), False, "flash", "cudnn"),  # the pin did not take
+    ((), (), False, "none", None),  # no pin (the CPU), no fused kernel: nothing to flag
+    ((), ("flash", "efficient"), True, None, None),  # replayed graphs: kernels have no owner, nothing said
+])
+def test_trace_rows_say_which_kernels_ran_and_flag_a_pin_that_did_not(ran, pinned, replayed, said, not_honoured):
+    from benchmarks.step_profile import Trace, trace_rows
+
+    trace = Trace(0.9, {"aten::item": 2.0}, 140.0, 80.0, 40.0 if ran else 0.0, ran)
+    rows = {metric: value for metric, value, _unit, _note in trace_rows("bare", trace, pinned, replayed)}
+    assert rows["bare_gpu_busy_share"] == 0.9 and rows["bare_kernel_ms_per_step"] == 140.0
+    assert rows["bare_aten::item_per_step"] == 2.0
+    assert rows.get("bare_attention_kernels_ran") == said
+    assert rows.get("bare_attention_pin_not_honoured") == not_honoured
+    assert ("bare_gemm_kernel_ms_per_step" in rows) == (not replayed)
