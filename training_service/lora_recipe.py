@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -62,26 +62,6 @@ class StepInputs:
     cond: dict
     target: torch.Tensor
     batch: Batch
-
-
-@dataclass
-class _QueuedStep:
-    """A step whose work is queued on the device, with what its report needs once it is read back."""
-    step: int
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
-    lr: float
-    images: int
-    began: float  # the host's clock as the step began, after any pause before it
-    yielded_before: float  # seconds yielded in this run as it began
-    yielded: float  # and as its work was queued
-
-
-class PausePoint(Protocol):
-    def __call__(self, step: int, where: str, drain: Callable[[], None]) -> float:
-        """May wait at a pause point of step `step` (between steps, or between its forward and backward
-        passes); before waiting, calls drain() so the device has finished what the job queued on it. Returns
-        the seconds it waited."""
 
 
 @dataclass
@@ -348,23 +328,17 @@ class LoraRecipe:
     def _to_device(self, value):
         if isinstance(value, list):
             return [self._to_device(v) for v in value]
-        value = self._upload(value)
-        return value.to(self.dtype) if value.is_floating_point() else value
-
-    def _upload(self, value: torch.Tensor) -> torch.Tensor:
-        """A host tensor onto the device without waiting for it: a copy from pageable memory waits for the work
-        queued before it, so the host could not queue a step while the device ran the one before. Page-locked,
-        the copy joins the queue (and its buffer is not reused before the copy has run)."""
-        if value.device.type == "cpu" and self.cfg.device.startswith("cuda"):
-            return value.pin_memory().to(self.cfg.device, non_blocking=True)
+        if value.is_floating_point():
+            return value.to(self.cfg.device, self.dtype)
         return value.to(self.cfg.device)
 
     def step_inputs(self, index: int) -> StepInputs:
         """Micro-batch `index` noised and on the device: what one forward takes."""
         batch = self._batch(index)
         x_t, t, target = self.objective.noisy(batch.x0, self.generator)
-        cond, target = self._cond_to_device(batch.cond), self._upload(target)
-        return StepInputs(self._to_device(x_t), self._to_device(t), cond, target, batch)
+        # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
+        cond, target = self._cond_to_device(batch.cond), target.to(self.cfg.device)
+        return StepInputs(x_t.to(self.cfg.device, self.dtype), self._to_device(t), cond, target, batch)
 
     def loss(self, inputs: StepInputs) -> torch.Tensor:
         """The forward under the step's context (attention pin, autocast) and its MSE loss, in fp32."""
@@ -379,16 +353,10 @@ class LoraRecipe:
 
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
               sample_dir: Path | None = None, until_step: int | None = None,
-              pause: PausePoint | None = None) -> RunState:
-        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where,
-        drain)` runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
-        yielded to inference; it calls drain() first) and returns the seconds it waited.
-
-        A step's loss and gradient norm are read back once the next step is queued behind it, so the device works
-        through one step while the host prepares the next: reading them at once left the device idle for the
-        host's share of every step (the step's inputs are uploaded without waiting, see _upload). Its report and
-        its non-finite check follow from that read; a checkpoint, a sample, a pause and the loop's end read the
-        queued step first."""
+              pause: Callable[[int, str], float] | None = None) -> RunState:
+        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where)`
+        runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
+        yielded to inference) and returns the seconds it waited."""
         device = self.cfg.device
         last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
@@ -396,51 +364,23 @@ class LoraRecipe:
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
         yielded = 0.0
-        queued: list[_QueuedStep] = []
-        read_until = {"at": started, "yielded": 0.0}  # when the last read step had finished, and yielded by then
-
-        def drain() -> None:
-            """Reads the queued step (this waits for the device to finish it) and reports it."""
-            if not queued:
-                return
-            q = queued.pop()
-            value = float(q.loss)
-            if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {q.step}")
-            self.state.losses.append(value)
-            now = time.perf_counter()
-            # the step's own time: from its start, or from the step before it finishing if it started earlier
-            # (queued behind it), less what was yielded in between
-            since = max(q.began, read_until["at"])
-            paused = q.yielded - (q.yielded_before if q.began >= read_until["at"] else read_until["yielded"])
-            read_until.update(at=now, yielded=yielded)
-            window = self.state.losses[-20:]
-            peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
-            per_step = (now - started - yielded) / (q.step - first_step)
-            self.emit("step", asdict(StepReport(
-                q.step, self.cfg.steps, value, sum(window) / len(window), q.lr, float(q.grad_norm),
-                q.images / max(1e-9, now - since - max(0.0, paused)), peak, now - started,
-                per_step * (self.cfg.steps - q.step), q.yielded)))
-
-        def wait_at(step: int, where: str) -> float:
-            return pause(step, where, drain) if pause else 0.0
-
         while self.state.step < last and not should_stop():
             if pause:
-                yielded += wait_at(self.state.step, "between steps")
+                yielded += pause(self.state.step, "between steps")
                 if should_stop():
                     break
-            t0, yielded_before = time.perf_counter(), yielded
+            t0 = time.perf_counter()
             noise_state = self.generator.get_state() if self.compiled else None
             try:
-                loss, images, waited = self._accumulate_gradients(self.state.step, wait_at if pause else None)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
             except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
                 if not (self.compiled and compile_failed(e)):
                     raise
                 self._stop_compiling(e)
                 self.generator.set_state(noise_state)  # the same noise as the step that failed would have had
-                loss, images, waited = self._accumulate_gradients(self.state.step, wait_at if pause else None)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
             yielded += waited
+            t0 += waited  # the step's own time, for its images per second
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -453,21 +393,26 @@ class LoraRecipe:
             self.schedule.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.state.step += 1
-            self._say_eager_calls()  # counted on the host as the blocks were called: known before the read
-            step = _QueuedStep(self.state.step, loss.detach(), grad_norm.detach(), lr, images, t0, yielded_before,
-                               yielded)
-            drain()  # the step before, now that this one is queued behind it
-            queued.append(step)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"loss became {value} at step {self.state.step}")
+            self.state.losses.append(value)
+            self._say_eager_calls()
+            now = time.perf_counter()
+            window = self.state.losses[-20:]
+            peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+            per_step = (now - started - yielded) / (self.state.step - first_step)
+            self.emit("step", asdict(StepReport(
+                self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
+                float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
+                per_step * (self.cfg.steps - self.state.step), yielded)))
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
             if checkpoint_dir and ((every and self.state.step % every == 0)
                                    or (minutes and time.perf_counter() - last_saved >= minutes * 60)):
-                drain()
                 self.save_checkpoint(checkpoint_dir)
                 last_saved = time.perf_counter()
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
-                drain()
                 self.render_samples(sample_dir)
-        drain()
         return self.state
 
     def _stop_compiling(self, error: BaseException) -> None:
