@@ -11,10 +11,6 @@ KERNELS = ("cudnn", "flash", "efficient")  # the fused SDPA backends a pin may n
 # Flash first, memory-efficient where flash cannot run the call (a mask, an odd head size). PyTorch's default
 # order puts cuDNN first on Hopper, and cuDNN crashed a FLUX training step with an illegal memory access.
 PINNED = ("flash", "efficient")
-# Z-Image's training step runs cuDNN attention without fault, and its attention takes 24 ms of a compiled 768 px
-# step under cuDNN against 42 ms under flash (step 145 against 161.6 ms on an H100, GPU-bound either way).
-CUDNN_FIRST = ("cudnn",) + PINNED
-BY_FAMILY = {"zimage": CUDNN_FIRST}
 
 
 @dataclass(frozen=True)
@@ -37,10 +33,6 @@ def training_attention(family_key: str, device: str, asked: tuple[str, ...] = ()
         if unknown:
             raise ValueError(f"attention kernels are {', '.join(KERNELS)}; not {', '.join(unknown)}")
         return AttentionChoice(tuple(asked), "asked for")
-    if family_key in BY_FAMILY:
-        return AttentionChoice(BY_FAMILY[family_key], "cuDNN SDPA is the fastest fused kernel on this family's "
-                                                      "training shapes; flash, then memory-efficient, where it "
-                                                      "cannot run a call")
     return AttentionChoice(PINNED, "cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)")
 
 
