@@ -1,0 +1,122 @@
+"""Do two attention pins train alike? The same job trains once under each pin, each in its own process (a fault in
+a fused kernel kills its process; and dynamo reuses a traced graph across pins within one), on images of three
+aspect ratios sorted into buckets, compiled as SPEED_MODE_DEFAULT compiles on a GPU. Rows per pin: whether it
+finished, which fused SDPA kernels ran, the step time per bucket shape and the losses; then, per step, the
+relative difference between the two pins' losses. This is what a pin must show before it becomes a family's
+default (training_service/attention_choice.py).
+
+    python -m benchmarks.attention_agreement --family zimage --workdir /tmp/sp --out FILE
+    python -m benchmarks.attention_agreement --family zimage --tiny --steps 4 --out FILE   # every path, on a CPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.bench_record import Recorder, host_description
+from benchmarks.step_profile import RESOLUTION, gpu_busy_share
+from benchmarks.training_bench import ensure_base
+
+SHAPES = [(1, 1), (7, 5), (5, 7)]  # width : height of the images, two of each: three buckets
+CAPTION = "a photo of noise, number {i}"
+
+
+def make_images(directory: Path, resolution: int) -> list[tuple[str, str]]:
+    """Six noise images of the three aspect ratios, each about resolution^2 pixels, with captions of their own
+    lengths (a caption's tokens are part of Z-Image's sequence)."""
+    import numpy as np
+    from PIL import Image
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    examples = []
+    for i, (w, h) in enumerate(SHAPES * 2):
+        scale = resolution / (w * h) ** 0.5
+        path = directory / f"{i}.png"
+        Image.fromarray(rng.integers(0, 256, (round(h * scale), round(w * scale), 3), dtype=np.uint8)).save(path)
+        examples.append((str(path), CAPTION.format(i=i) + ", with more words" * i))
+    return examples
+
+
+def train_one(args) -> dict:
+    """One job under args.pin, in this process: its losses, step times by bucket, and the kernels that ran."""
+    from training_service.lora_recipe import LoraRecipe, RecipeConfig
+
+    cuda = torch.cuda.is_available()
+    resolution = 64 if args.tiny else RESOLUTION[args.family]
+    base = ensure_base(args.workdir, args.family, args.tiny)
+    examples = make_images(args.workdir / f"agreement-data-{resolution}", resolution)
+    cfg = RecipeConfig(family=args.family, base_dir=str(base), examples=examples, rank=16, alpha=16.0,
+                       steps=args.steps + 2, resolution=resolution, seed=0, buckets=True,
+                       device="cuda" if cuda else "cpu", precision="bf16" if cuda else "fp32", compile=True,
+                       compile_backend="inductor" if cuda else "aot_eager",
+                       attention=[k for k in args.pin.split(",") if k])
+    recipe = LoraRecipe(cfg)
+    recipe.setup()
+    by_shape: dict[str, list[float]] = {}
+    for step in range(args.steps):
+        shape = "x".join(map(str, recipe.examples[recipe.plan.at(step)[0]].bucket))
+        t0 = time.perf_counter()
+        recipe.train(until_step=step + 1)  # reads the loss back: the step has finished on the device
+        by_shape.setdefault(shape, []).append((time.perf_counter() - t0) * 1e3)
+    trace = gpu_busy_share(lambda: recipe.train(until_step=recipe.state.step + 1), 2)
+    return {"pin": list(recipe._attention_kernels()), "losses": recipe.state.losses[:args.steps],
+            "ran": list(trace.attention_ran) if trace else [],
+            # the first step of a shape compiles its graphs: the median of the rest is the step's time
+            "ms_by_shape": {s: statistics.median(ms[1:]) if len(ms) > 1 else None for s, ms in by_shape.items()}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", choices=list(RESOLUTION), required=True)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/training-bench"))
+    p.add_argument("--pins", default="cudnn,flash,efficient;flash,efficient",
+                   help="two pins, ';' between them: the candidate, then the one it is held against")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--timeout", type=float, default=600, help="seconds each pin's process may take")
+    p.add_argument("--pin", help=argparse.SUPPRESS)  # the child: train under this pin, print its result
+    args = p.parse_args()
+    if args.pin is not None:
+        print(json.dumps(train_one(args)), flush=True)
+        return
+    record = Recorder("attention-agreement", args.out, args.family,
+                      "python -m benchmarks.attention_agreement " + " ".join(sys.argv[1:]), host_description())
+    results = []
+    for pin in args.pins.split(";"):
+        cmd = [sys.executable, "-m", "benchmarks.attention_agreement", "--family", args.family, "--workdir",
+               str(args.workdir), "--steps", str(args.steps), "--pin", pin] + (["--tiny"] if args.tiny else [])
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            failed = None if done.returncode == 0 else done.stderr.strip().splitlines()[-1:] or [str(done.returncode)]
+        except subprocess.TimeoutExpired:
+            done, failed = None, [f"no result within {args.timeout:.0f} s"]
+        mode = "pin-" + pin.replace(",", "-")
+        record(mode, "finished", int(failed is None), "bool", **({"error": failed[0][-500:]} if failed else {}))
+        if failed:
+            results.append(None)
+            continue
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        results.append(result)
+        record(mode, "attention_kernels_ran", ",".join(result["ran"]) or "none", "kernels", pinned=result["pin"])
+        for shape, ms in result["ms_by_shape"].items():
+            if ms is not None:
+                record(mode, f"step_ms_{shape}", ms, "ms", note="median of the steps after the shape's first")
+        record(mode, "losses", result["losses"], "loss")
+    if len(results) == 2 and all(results):
+        a, b = results[0]["losses"], results[1]["losses"]
+        diffs = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
+        record("agreement", "loss_rel_diff_max", max(diffs), "fraction", per_step=[round(d, 5) for d in diffs],
+               note=f"{results[0]['pin']} against {results[1]['pin']}, same seed and data")
+
+
+if __name__ == "__main__":
+    main()
