@@ -284,6 +284,28 @@ def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny
     assert gate.yielded_s == pytest.approx(steps[2]["yielded_s"], abs=0.05)
 
 
+def test_a_loss_that_is_not_finite_stops_the_run_before_its_step_is_reported_or_saved(tiny_models, examples,
+                                                                                          tmp_path):
+    """A diverged run names the step whose loss was not finite; that step is neither reported nor checkpointed, so
+    the last checkpoint is the last good step."""
+    events = []
+    recipe = LoraRecipe(config(tiny_models, examples, steps=5, checkpoint_every=1),
+                        emit=lambda kind, data: events.append((kind, data)))
+    recipe.setup()
+
+    def poison_before_step_2(step, where):
+        if step == 1 and where == "between steps":
+            with torch.no_grad():
+                recipe.params[0].fill_(float("nan"))
+        return 0.0
+
+    with pytest.raises(FloatingPointError, match="loss became nan at step 2"):
+        recipe.train(checkpoint_dir=tmp_path / "ckpt", pause=poison_before_step_2)
+    assert [d["step"] for k, d in events if k == "step"] == [1]
+    assert [d["step"] for k, d in events if k == "checkpoint"] == [1]
+    assert torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)["step"] == 1
+
+
 def register_backend_once(name: str, compiler) -> None:
     """A dynamo backend for the compile-failure tests, registered once per process."""
     from torch._dynamo import list_backends, register_backend
