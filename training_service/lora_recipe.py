@@ -40,6 +40,14 @@ SAMPLE_STEPS_CAP = 20
 SAMPLE_SEED = 1234
 
 
+class TrainingDiverged(FloatingPointError):
+    """A step's loss was not finite: the run diverged at `step` (1-based)."""
+
+    def __init__(self, step: int, value: float):
+        super().__init__(f"loss became {value} at step {step}")
+        self.step, self.value = step, value
+
+
 @dataclass
 class StepReport:
     step: int
@@ -395,7 +403,7 @@ class LoraRecipe:
             self.state.step += 1
             value = float(loss.detach())
             if not math.isfinite(value):
-                raise FloatingPointError(f"loss became {value} at step {self.state.step}")
+                raise TrainingDiverged(self.state.step, value)
             self.state.losses.append(value)
             self._say_eager_calls()
             now = time.perf_counter()

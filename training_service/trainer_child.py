@@ -142,12 +142,36 @@ def out_of_memory_advice(cfg, step: int, peak_bytes: int, total_bytes: int) -> s
     return head + (f"; try {', '.join(ideas)}" if ideas else "")
 
 
+def divergence_advice(cfg, step: int, value: float) -> str:
+    """What to change when a run's loss stopped being finite. Resuming would not help: a resumed run repeats the
+    same steps bit for bit (the checkpoint pins the seed, the data and every setting that shapes them)."""
+    from diffusion_kit.precision import Precision
+
+    ideas = [f"a lower learning_rate (this run: {cfg.learning_rate:g})"]
+    if cfg.warmup_steps < max(1, cfg.steps) // 10:
+        ideas.append(f"more warmup_steps (this run: {cfg.warmup_steps})")
+    if cfg.precision == Precision.FP16:
+        ideas.append("bf16 precision, whose range fp16 lacks")
+    return (f"training diverged: the loss became {value} at step {step}. A resumed run repeats the same steps and "
+            f"would diverge again; start a new job with {', or '.join(ideas)}")
+
+
 def run_guarded(job_dir: Path) -> int:
-    """main(), with running out of GPU memory turned into a FAILED job that says what to change."""
+    """main(), with running out of GPU memory, or a loss that is no longer finite, turned into a FAILED job that
+    says what to change."""
     import torch
+
+    from training_service.lora_recipe import TrainingDiverged
 
     try:
         return main(job_dir)
+    except TrainingDiverged as e:
+        from training_service.recipe_config import RecipeConfig
+
+        cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
+        emit("finished", {"state": "FAILED", "steps_completed": _reached["step"],
+                          "message": divergence_advice(cfg, e.step, e.value)})
+        return 1
     except torch.OutOfMemoryError:
         from training_service.recipe_config import RecipeConfig
 
