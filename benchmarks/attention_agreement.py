@@ -47,6 +47,7 @@ def make_images(directory: Path, resolution: int) -> list[tuple[str, str]]:
 
 def train_one(args) -> dict:
     """One job under args.pin, in this process: its losses, step times by bucket, and the kernels that ran."""
+    from training_service.attention_choice import training_attention
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     cuda = torch.cuda.is_available()
@@ -67,7 +68,8 @@ def train_one(args) -> dict:
         recipe.train(until_step=step + 1)  # reads the loss back: the step has finished on the device
         by_shape.setdefault(shape, []).append((time.perf_counter() - t0) * 1e3)
     trace = gpu_busy_share(lambda: recipe.train(until_step=recipe.state.step + 1), 2)
-    return {"pin": list(recipe._attention_kernels()), "losses": recipe.state.losses[:args.steps],
+    pinned = training_attention(cfg.family, cfg.device, tuple(cfg.attention)).kernels  # what the recipe pins
+    return {"pin": list(pinned), "losses": recipe.state.losses[:args.steps],
             "ran": list(trace.attention_ran) if trace else [],
             # the first step of a shape compiles its graphs: the median of the rest is the step's time
             "ms_by_shape": {s: statistics.median(ms[1:]) if len(ms) > 1 else None for s, ms in by_shape.items()}}
