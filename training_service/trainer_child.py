@@ -162,26 +162,19 @@ def run_guarded(job_dir: Path) -> int:
     import torch
 
     from training_service.lora_recipe import TrainingDiverged
+    from training_service.recipe_config import RecipeConfig
 
     try:
         return main(job_dir)
-    except TrainingDiverged as e:
-        from training_service.recipe_config import RecipeConfig
-
-        cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
-        emit("finished", {"state": "FAILED", "steps_completed": _reached["step"],
-                          "message": divergence_advice(cfg, e.step, e.value)})
-        return 1
+    except TrainingDiverged as e:  # `e` is unbound after this block: its step and value are taken now
+        advice = lambda cfg, step=e.step, value=e.value: divergence_advice(cfg, step, value)  # noqa: E731
     except torch.OutOfMemoryError:
-        from training_service.recipe_config import RecipeConfig
-
-        cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
         total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-        emit("finished", {"state": "FAILED", "steps_completed": _reached["step"],
-                          "message": out_of_memory_advice(cfg, _reached["step"], peak, total)})
-        return 1
-
+        advice = lambda cfg: out_of_memory_advice(cfg, _reached["step"], peak, total)  # noqa: E731
+    cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
+    emit("finished", {"state": "FAILED", "steps_completed": _reached["step"], "message": advice(cfg)})
+    return 1
 
 if __name__ == "__main__":
     if len(sys.argv) > 2:
