@@ -1,12 +1,13 @@
 """Do two attention pins train alike? The same job trains once under each pin, each in its own process (a fault in
 a fused kernel kills its process; and dynamo reuses a traced graph across pins within one), on images of three
 aspect ratios sorted into buckets, compiled as SPEED_MODE_DEFAULT compiles on a GPU. Rows per pin: whether it
-finished, which fused SDPA kernels ran, the step time per bucket shape and the losses; then, per step, the
-relative difference between the two pins' losses. This is what a pin must show before it becomes a family's
+finished, which fused SDPA kernels ran, the step time per bucket shape (warm: the example's whole sequence had
+run before; and apart, an example's first step in a known bucket) and the losses; then, per step, the relative
+difference between the two pins' losses. This is what a pin must show before it becomes a family's
 default (training_service/attention_choice.py).
 
     python -m benchmarks.attention_agreement --family zimage --workdir /tmp/sp --out FILE
-    python -m benchmarks.attention_agreement --family zimage --tiny --steps 4 --out FILE   # every path, on a CPU
+    python -m benchmarks.attention_agreement --family zimage --tiny --steps 8 --out FILE   # every path, on a CPU
 """
 from __future__ import annotations
 
@@ -61,18 +62,31 @@ def train_one(args) -> dict:
                        attention=[k for k in args.pin.split(",") if k])
     recipe = LoraRecipe(cfg)
     recipe.setup()
-    by_shape: dict[str, list[float]] = {}
+    # An example's image and caption fix its sequence (Z-Image's holds the caption's tokens), so a step is warm
+    # once its example has run before: the first step of a new sequence may compile graphs or build a kernel's
+    # plan for its shape, which a long run pays once per shape.
+    warm: dict[str, list[float]] = {}
+    new_sequence: dict[str, list[float]] = {}
+    seen_examples: set[int] = set()
+    seen_shapes: set[str] = set()
     for step in range(args.steps):
-        shape = "x".join(map(str, recipe.examples[recipe.plan.at(step)[0]].bucket))
+        index = recipe.plan.at(step)[0]
+        shape = "x".join(map(str, recipe.examples[index].bucket))
         t0 = time.perf_counter()
         recipe.train(until_step=step + 1)  # reads the loss back: the step has finished on the device
-        by_shape.setdefault(shape, []).append((time.perf_counter() - t0) * 1e3)
+        ms = (time.perf_counter() - t0) * 1e3
+        if index in seen_examples:
+            warm.setdefault(shape, []).append(ms)
+        elif shape in seen_shapes:  # a bucket's first step compiles its graphs: left out of both
+            new_sequence.setdefault(shape, []).append(ms)
+        seen_examples.add(index)
+        seen_shapes.add(shape)
     trace = gpu_busy_share(lambda: recipe.train(until_step=recipe.state.step + 1), 2)
     pinned = training_attention(cfg.family, cfg.device, tuple(cfg.attention)).kernels  # what the recipe pins
     return {"pin": list(pinned), "losses": recipe.state.losses[:args.steps],
             "ran": list(trace.attention_ran) if trace else [],
-            # the first step of a shape compiles its graphs: the median of the rest is the step's time
-            "ms_by_shape": {s: statistics.median(ms[1:]) if len(ms) > 1 else None for s, ms in by_shape.items()}}
+            "ms_by_shape": {s: statistics.median(ms) for s, ms in warm.items()},
+            "new_sequence_ms_by_shape": {s: statistics.median(ms) for s, ms in new_sequence.items()}}
 
 
 def main() -> None:
@@ -81,7 +95,7 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/training-bench"))
     p.add_argument("--pins", default="cudnn,flash,efficient;flash,efficient",
                    help="two pins, ';' between them: the candidate, then the one it is held against")
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=24, help="steps per pin; the six examples each run about four times")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", type=Path)
     p.add_argument("--timeout", type=float, default=600, help="seconds each pin's process may take")
@@ -110,8 +124,11 @@ def main() -> None:
         results.append(result)
         record(mode, "attention_kernels_ran", ",".join(result["ran"]) or "none", "kernels", pinned=result["pin"])
         for shape, ms in result["ms_by_shape"].items():
-            if ms is not None:
-                record(mode, f"step_ms_{shape}", ms, "ms", note="median of the steps after the shape's first")
+            record(mode, f"step_ms_{shape}", ms, "ms", note="median of the steps whose example (image and caption, "
+                   "so the whole sequence) had run before")
+        for shape, ms in result["new_sequence_ms_by_shape"].items():
+            record(mode, f"new_sequence_step_ms_{shape}", ms, "ms", note="median of an example's first step in a "
+                   "bucket that had run before: a new caption length in a known image shape")
         record(mode, "losses", result["losses"], "loss")
     if len(results) == 2 and all(results):
         a, b = results[0]["losses"], results[1]["losses"]
