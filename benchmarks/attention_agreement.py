@@ -4,9 +4,13 @@ aspect ratios sorted into buckets, compiled as SPEED_MODE_DEFAULT compiles on a 
 finished, which fused SDPA kernels ran, the step time per bucket shape (warm: the example's whole sequence had
 run before; and apart, an example's first step in a known bucket) and the losses; then, per step, the relative
 difference between the two pins' losses. This is what a pin must show before it becomes a family's
-default (training_service/attention_choice.py).
+default (training_service/attention_choice.py). A pin ending in `+graphs` runs the blocks under inductor's CUDA
+graph trees (static shapes, a tree per bucket shape) in place of the regular compile: what graphs must show,
+losses agreeing over mixed buckets, before the trainer runs its steps under them.
 
     python -m benchmarks.attention_agreement --family zimage --workdir /tmp/sp --out FILE
+    python -m benchmarks.attention_agreement --family flux1 --workdir /tmp/sp --out FILE \
+        --pins "flash,efficient+graphs;flash,efficient"    # CUDA graph trees against the regular compile
     python -m benchmarks.attention_agreement --family zimage --tiny --steps 8 --out FILE   # every path, on a CPU
 """
 from __future__ import annotations
@@ -46,22 +50,37 @@ def make_images(directory: Path, resolution: int) -> list[tuple[str, str]]:
     return examples
 
 
+def pin_and_graphs(variant: str) -> tuple[list[str], bool]:
+    """A variant is a pin (SDPA kernels, comma-separated, in order), with `+graphs` at its end to run the blocks
+    under inductor's CUDA graph trees instead of the regular compile."""
+    pin, graphs = variant.removesuffix("+graphs"), variant.endswith("+graphs")
+    return [k for k in pin.split(",") if k], graphs
+
+
 def train_one(args) -> dict:
     """One job under args.pin, in this process: its losses, step times by bucket, and the kernels that ran."""
-    from training_service.attention_choice import training_attention
+    from training_service.attention_choice import compile_cache_tag, training_attention
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     cuda = torch.cuda.is_available()
     resolution = 64 if args.tiny else RESOLUTION[args.family]
     base = ensure_base(args.workdir, args.family, args.tiny)
     examples = make_images(args.workdir / f"agreement-data-{resolution}", resolution)
+    kernels, graphs = pin_and_graphs(args.pin)
     cfg = RecipeConfig(family=args.family, base_dir=str(base), examples=examples, rank=16, alpha=16.0,
                        steps=args.steps + 2, resolution=resolution, seed=0, buckets=True,
-                       device="cuda" if cuda else "cpu", precision="bf16" if cuda else "fp32", compile=True,
-                       compile_backend="inductor" if cuda else "aot_eager",
-                       attention=[k for k in args.pin.split(",") if k])
+                       device="cuda" if cuda else "cpu", precision="bf16" if cuda else "fp32", compile=not graphs,
+                       compile_backend="inductor" if cuda else "aot_eager", attention=kernels)
     recipe = LoraRecipe(cfg)
     recipe.setup()
+    if graphs:
+        # as step_profile --cudagraphs: static shapes, one graph tree per bucket shape; a CPU has no graphs to
+        # record, so there the blocks take the same compile without the mode
+        if tag := compile_cache_tag(training_attention(cfg.family, cfg.device, tuple(kernels)).kernels):
+            torch.compiler.config.cache_key_tag = tag
+        recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
+                                             mode="reduce-overhead" if cuda else None)
+        recipe.compiled = True
     # An example's image and caption fix its sequence (Z-Image's holds the caption's tokens), so a step is warm
     # once its example has run before: the first step of a new sequence may compile graphs or build a kernel's
     # plan for its shape, which a long run pays once per shape.
@@ -94,7 +113,8 @@ def main() -> None:
     p.add_argument("--family", choices=list(RESOLUTION), required=True)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/training-bench"))
     p.add_argument("--pins", default="cudnn,flash,efficient;flash,efficient",
-                   help="two pins, ';' between them: the candidate, then the one it is held against")
+                   help="two pins, ';' between them: the candidate, then the one it is held against; a pin ending "
+                        "in +graphs runs the blocks under CUDA graph trees")
     p.add_argument("--steps", type=int, default=24, help="steps per pin; the six examples each run about four times")
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", type=Path)
@@ -115,7 +135,7 @@ def main() -> None:
             failed = None if done.returncode == 0 else done.stderr.strip().splitlines()[-1:] or [str(done.returncode)]
         except subprocess.TimeoutExpired:
             done, failed = None, [f"no result within {args.timeout:.0f} s"]
-        mode = "pin-" + pin.replace(",", "-")
+        mode = "pin-" + pin.replace(",", "-").replace("+", "-")
         record(mode, "finished", int(failed is None), "bool", **({"error": failed[0][-500:]} if failed else {}))
         if failed:
             results.append(None)
