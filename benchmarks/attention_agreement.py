@@ -57,6 +57,20 @@ def pin_and_graphs(variant: str) -> tuple[list[str], bool]:
     return [k for k in pin.split(",") if k], graphs
 
 
+def step_kinds(steps: list[tuple[int, str]]) -> list[str]:
+    """What each step's time can say, from (example, bucket shape) per step. An example's image and caption fix
+    its sequence (Z-Image's holds the caption's tokens), so a step is `warm` once its example ran before; an
+    example's first step in a bucket that ran before is a `new_sequence` (it may compile graphs or build a
+    kernel's plan for a new length, which a long run pays once per length); a bucket's first step compiles its
+    graphs (`first_in_bucket`)."""
+    kinds, examples, shapes = [], set(), set()
+    for index, shape in steps:
+        kinds.append("warm" if index in examples else "new_sequence" if shape in shapes else "first_in_bucket")
+        examples.add(index)
+        shapes.add(shape)
+    return kinds
+
+
 def train_one(args) -> dict:
     """One job under args.pin, in this process: its losses, step times by bucket, and the kernels that ran."""
     from training_service.attention_choice import compile_cache_tag, training_attention
@@ -81,31 +95,21 @@ def train_one(args) -> dict:
         recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
                                              mode="reduce-overhead" if cuda else None)
         recipe.compiled = True
-    # An example's image and caption fix its sequence (Z-Image's holds the caption's tokens), so a step is warm
-    # once its example has run before: the first step of a new sequence may compile graphs or build a kernel's
-    # plan for its shape, which a long run pays once per shape.
-    warm: dict[str, list[float]] = {}
-    new_sequence: dict[str, list[float]] = {}
-    seen_examples: set[int] = set()
-    seen_shapes: set[str] = set()
+    ran: list[tuple[int, str, float]] = []  # (example, bucket shape, ms) per step
     for step in range(args.steps):
         index = recipe.plan.at(step)[0]
-        shape = "x".join(map(str, recipe.examples[index].bucket))
         t0 = time.perf_counter()
         recipe.train(until_step=step + 1)  # reads the loss back: the step has finished on the device
-        ms = (time.perf_counter() - t0) * 1e3
-        if index in seen_examples:
-            warm.setdefault(shape, []).append(ms)
-        elif shape in seen_shapes:  # a bucket's first step compiles its graphs: left out of both
-            new_sequence.setdefault(shape, []).append(ms)
-        seen_examples.add(index)
-        seen_shapes.add(shape)
+        ran.append((index, "x".join(map(str, recipe.examples[index].bucket)), (time.perf_counter() - t0) * 1e3))
+    by_kind: dict[str, dict[str, list[float]]] = {"warm": {}, "new_sequence": {}, "first_in_bucket": {}}
+    for (_, shape, ms), kind in zip(ran, step_kinds([(index, shape) for index, shape, _ in ran])):
+        by_kind[kind].setdefault(shape, []).append(ms)
     trace = gpu_busy_share(lambda: recipe.train(until_step=recipe.state.step + 1), 2)
     pinned = training_attention(cfg.family, cfg.device, tuple(cfg.attention)).kernels  # what the recipe pins
     return {"pin": list(pinned), "losses": recipe.state.losses[:args.steps],
             "ran": list(trace.attention_ran) if trace else [],
-            "ms_by_shape": {s: statistics.median(ms) for s, ms in warm.items()},
-            "new_sequence_ms_by_shape": {s: statistics.median(ms) for s, ms in new_sequence.items()}}
+            "ms_by_shape": {s: statistics.median(ms) for s, ms in by_kind["warm"].items()},
+            "new_sequence_ms_by_shape": {s: statistics.median(ms) for s, ms in by_kind["new_sequence"].items()}}
 
 
 def main() -> None:
