@@ -5,7 +5,7 @@ finished, which fused SDPA kernels ran, the step time per bucket shape (warm: th
 run before; and apart, an example's first step in a known bucket) and the losses; then, per step, the relative
 difference between the two pins' losses. This is what a pin must show before it becomes a family's
 default (training_service/attention_choice.py). A pin ending in `+graphs` runs the blocks under inductor's CUDA
-graph trees (static shapes, a tree per bucket shape) in place of the regular compile: what graphs must show,
+graph trees (static shapes: a graph per sequence shape) in place of the regular compile: what graphs must show,
 losses agreeing over mixed buckets, before the trainer runs its steps under them.
 
     python -m benchmarks.attention_agreement --family zimage --workdir /tmp/sp --out FILE
@@ -88,7 +88,7 @@ def train_one(args) -> dict:
     recipe = LoraRecipe(cfg)
     recipe.setup()
     if graphs:
-        # as step_profile --cudagraphs: static shapes, one graph tree per bucket shape; a CPU has no graphs to
+        # as step_profile --cudagraphs: static shapes, graphs recorded per sequence shape; a CPU has no graphs to
         # record, so there the blocks take the same compile without the mode
         if tag := compile_cache_tag(training_attention(cfg.family, cfg.device, tuple(kernels)).kernels):
             torch.compiler.config.cache_key_tag = tag
