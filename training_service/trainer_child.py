@@ -166,15 +166,18 @@ def run_guarded(job_dir: Path) -> int:
 
     try:
         return main(job_dir)
-    except TrainingDiverged as e:  # `e` is unbound after this block: its step and value are taken now
-        advice = lambda cfg, step=e.step, value=e.value: divergence_advice(cfg, step, value)  # noqa: E731
-    except torch.OutOfMemoryError:
+    except (TrainingDiverged, torch.OutOfMemoryError) as e:
+        error = e  # `e` is unbound once this block ends
+    cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
+    if isinstance(error, TrainingDiverged):
+        message = divergence_advice(cfg, error.step, error.value)
+    else:
         total = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-        advice = lambda cfg: out_of_memory_advice(cfg, _reached["step"], peak, total)  # noqa: E731
-    cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
-    emit("finished", {"state": "FAILED", "steps_completed": _reached["step"], "message": advice(cfg)})
+        message = out_of_memory_advice(cfg, _reached["step"], peak, total)
+    emit("finished", {"state": "FAILED", "steps_completed": _reached["step"], "message": message})
     return 1
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 2:
