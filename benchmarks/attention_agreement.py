@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_record import Recorder, host_description
-from benchmarks.step_profile import RESOLUTION, gpu_busy_share
+from benchmarks.step_profile import RESOLUTION, compile_under_cuda_graphs, gpu_busy_share
 from benchmarks.training_bench import ensure_base
 
 SHAPES = [(1, 1), (7, 5), (5, 7)]  # width : height of the images, two of each: three buckets
@@ -73,7 +73,7 @@ def step_kinds(steps: list[tuple[int, str]]) -> list[str]:
 
 def train_one(args) -> dict:
     """One job under args.pin, in this process: its losses, step times by bucket, and the kernels that ran."""
-    from training_service.attention_choice import compile_cache_tag, training_attention
+    from training_service.attention_choice import training_attention
     from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
     cuda = torch.cuda.is_available()
@@ -88,13 +88,7 @@ def train_one(args) -> dict:
     recipe = LoraRecipe(cfg)
     recipe.setup()
     if graphs:
-        # as step_profile --cudagraphs: static shapes, graphs recorded per sequence shape; a CPU has no graphs to
-        # record, so there the blocks take the same compile without the mode
-        if tag := compile_cache_tag(training_attention(cfg.family, cfg.device, tuple(kernels)).kernels):
-            torch.compiler.config.cache_key_tag = tag
-        recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
-                                             mode="reduce-overhead" if cuda else None)
-        recipe.compiled = True
+        compile_under_cuda_graphs(recipe)
     ran: list[tuple[int, str, float]] = []  # (example, bucket shape, ms) per step
     for step in range(args.steps):
         index = recipe.plan.at(step)[0]

@@ -181,6 +181,22 @@ def built_model_step(recipe):
     return step
 
 
+def compile_under_cuda_graphs(recipe) -> None:
+    """The recipe's blocks (set up uncompiled) compiled under inductor's CUDA graph trees, an experiment: each
+    block call's forward and backward recorded once per sequence shape (static shapes) and replayed, one launch
+    per block call where the regular compile launches each kernel from the host. The attention pin's tag goes
+    in the compile caches' keys, as the recipe's own compile does. On a CPU, where there are no graphs to
+    record, the blocks take the same compile without the mode."""
+    from training_service.attention_choice import compile_cache_tag, training_attention
+
+    cfg = recipe.cfg
+    if tag := compile_cache_tag(training_attention(cfg.family, cfg.device, tuple(cfg.attention)).kernels):
+        torch.compiler.config.cache_key_tag = tag
+    recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
+                                         mode="reduce-overhead" if cfg.device.startswith("cuda") else None)
+    recipe.compiled = True
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=list(RESOLUTION), required=True)
@@ -230,11 +246,7 @@ def main() -> None:
     recipe.setup()
     mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
     if args.cudagraphs:
-        # CUDA graph trees record each block call's forward and backward once per shape and replay them: one
-        # launch per block call where the regular compile launches each kernel from the host.
-        recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
-                                             mode="reduce-overhead" if device == "cuda" else None)
-        recipe.compiled = True
+        compile_under_cuda_graphs(recipe)
         mode = mode.replace("-eager", "-cudagraphs")
     if cfg.attention:
         mode += "-attn-" + "-".join(cfg.attention)
