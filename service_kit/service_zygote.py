@@ -20,7 +20,6 @@ The caller closing the socket ends this process, and with it any child still run
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import runpy
 import signal
@@ -92,8 +91,6 @@ def main(sock_fd: int) -> None:
     if unusable:
         fork_server.send(sock, {"unusable": unusable})
         return
-    gc.collect()
-    gc.freeze()  # children do not copy the pages of what was imported when their collector runs
     fork_server.send(sock, {"ready": True})
     fork_server.serve(sock, _become, lambda request, pid: {"started": pid}, kill_on_close=True,
                       refuse=lambda request: _cold_because(request["env"], ours))

@@ -56,12 +56,15 @@ def emit(kind: str, data: dict) -> None:
 
 def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
+    from diffusion_kit.families import FAMILIES
     from service_kit.errors import FailedPrecondition
+    from service_kit.fork_server import freeze_imported
     from training_service.gpu_yield import YieldGate
     from training_service.lora_recipe import LoraRecipe
     from training_service.recipe_config import RecipeConfig
 
     cfg = RecipeConfig.from_json((job_dir / "run.json").read_text())
+    freeze_imported((FAMILIES[cfg.family].pipeline_class,))  # the recipe's collections then skip the imports
     stop: dict[str, str] = {}
     gate = YieldGate(emit, should_stop=lambda: "mode" in stop)
 
