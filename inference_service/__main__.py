@@ -10,6 +10,7 @@ from pathlib import Path
 from diffusion_kit.compile_cache import configure_compile_cache
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
 from service_kit import structured_log, tracing
+from service_kit.heap_freeze import freeze_imported
 from service_kit.security import add_client_flags, add_server_flags, client_security, server_security
 from service_kit.metrics import add_metrics_flag, maybe_serve_metrics
 from service_kit.server_runtime import announce, parse_listen, serve_until_signalled, stop_signals
@@ -103,6 +104,10 @@ async def _main(args: argparse.Namespace, security, broker_security) -> None:
                              adapter_store=AdapterStore(args.adapter_store),
                              model_roots=Roots.of(args.model_root or [hub_cache_dir(), default_data_dir() / "models"],
                                                   "--model-root"))
+    # Imports done, no model loaded: frozen, they are not walked by the collection an unload runs, nor by
+    # Python's own full collections, each of which held the interpreter lock for as long (0.4 s on a CPU) while
+    # other models generated.
+    freeze_imported()
     server = await create_inference_server(args.listen, engine, security, args.shutdown_grace)
     log.info("inference service started", extra={"fields": {
         "event": "inference.started", "port": server.running.port, "broker": args.broker,

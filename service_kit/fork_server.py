@@ -8,7 +8,6 @@ ends (C negative: killed by signal -C).
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import select
@@ -16,6 +15,8 @@ import signal
 import socket
 import sys
 from typing import Callable
+
+from service_kit.heap_freeze import freeze_imported
 
 # The pipelines import peft, and peft imports bitsandbytes, which creates a CUDA context where a GPU is visible
 # (seen on an H200), and a fork of a process holding one cannot use CUDA: these are warmed only without a GPU.
@@ -38,22 +39,6 @@ def warm_imports(modules: tuple[str, ...], no_gpu_modules: tuple[str, ...]) -> s
     if torch.cuda.is_initialized():
         return "importing its libraries created a CUDA context, which a forked child cannot use"
     return ""
-
-
-def freeze_imported(pipelines: tuple[str, ...] = ()) -> None:
-    """Imports the diffusers `pipelines` (each names its models' modules in diffusers and transformers), then
-    moves what this process holds (after torch, diffusers and transformers: half a million objects, nearly all
-    modules, classes and functions that live as long as the process) out of the cyclic collector's reach. A full
-    collection, which the recipe and the model unload run to give a model's memory back, then walks only what was
-    made since (it walked the imports too: 0.4 s a collection on the CPU, more as the process grows). Call it
-    after the imports, never with a model loaded: what it freezes is never freed."""
-    if pipelines:
-        import diffusers
-
-        for name in pipelines:
-            getattr(diffusers, name)  # diffusers imports a pipeline's modules when it is first named
-    gc.collect()
-    gc.freeze()
 
 
 def send(sock: socket.socket, message: dict) -> None:

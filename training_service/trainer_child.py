@@ -58,7 +58,7 @@ def main(job_dir: Path) -> int:
     from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
     from diffusion_kit.families import FAMILIES
     from service_kit.errors import FailedPrecondition
-    from service_kit.fork_server import freeze_imported
+    from service_kit.heap_freeze import freeze_imported
     from training_service.gpu_yield import YieldGate
     from training_service.lora_recipe import LoraRecipe
     from training_service.recipe_config import RecipeConfig
