@@ -41,6 +41,8 @@ MODES: dict[str, dict] = {
     "fp32-compile-warm": dict(base_precision=c.PRECISION_FP32, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-compile-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
+    "bf16-max": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),  # Z-Image: cuDNN attention first
+    "bf16-max-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),
     "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "fp8-compile-warm": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-gc": dict(base_precision=c.PRECISION_BF16, gradient_checkpointing=True),

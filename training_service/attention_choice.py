@@ -11,6 +11,11 @@ KERNELS = ("cudnn", "flash", "efficient")  # the fused SDPA backends a pin may n
 # Flash first, memory-efficient where flash cannot run the call (a mask, an odd head size). PyTorch's default
 # order puts cuDNN first on Hopper, and cuDNN crashed a FLUX training step with an illegal memory access.
 PINNED = ("flash", "efficient")
+# SPEED_MODE_MAX on Z-Image's compiled bf16 step without gradient checkpointing puts cuDNN first: there its losses
+# agree with flash's to 1e-4 over three bucket shapes and its warm steps are faster, while an example whose
+# sequence length is new costs it one slower step (docs/bench/training.md, 2026-12-07). Nothing else has been
+# measured under it: nf4, fp8 and checkpointing keep PINNED, and so does FLUX, where cuDNN crashed.
+CUDNN_FIRST = ("cudnn", "flash", "efficient")
 
 
 @dataclass(frozen=True)
@@ -23,9 +28,11 @@ class AttentionChoice:
             "SDPA (PyTorch's choice on CPU)"
 
 
-def training_attention(family_key: str, device: str, asked: tuple[str, ...] = ()) -> AttentionChoice:
+def training_attention(family_key: str, device: str, asked: tuple[str, ...] = (), *, speed_max: bool = False,
+                       precision: str = "", compiled: bool = False, checkpointing: bool = False) -> AttentionChoice:
     """The kernels a step pins on `device`. `asked` (an operator's override, as the benchmarks pass) wins when
-    every name in it is a fused kernel; ValueError otherwise."""
+    every name in it is a fused kernel; ValueError otherwise. `speed_max`: the job asked for SPEED_MODE_MAX, whose
+    step is `compiled` or not, at base `precision` ("bf16", ...), with gradient `checkpointing` or without."""
     if not device.startswith("cuda"):
         return AttentionChoice((), "")
     if asked:
@@ -33,7 +40,13 @@ def training_attention(family_key: str, device: str, asked: tuple[str, ...] = ()
         if unknown:
             raise ValueError(f"attention kernels are {', '.join(KERNELS)}; not {', '.join(unknown)}")
         return AttentionChoice(tuple(asked), "asked for")
-    return AttentionChoice(PINNED, "cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)")
+    if speed_max and family_key == "zimage" and precision == "bf16" and compiled and not checkpointing:
+        return AttentionChoice(CUDNN_FIRST, "SPEED_MODE_MAX: cuDNN first on Z-Image's compiled bf16 step without "
+                                            "gradient checkpointing, where its losses were measured to agree with "
+                                            "flash's; each new sequence length costs one slower step")
+    return AttentionChoice(PINNED, "cuDNN SDPA crashed on FLUX training shapes (an illegal memory access)"
+                                   + (" and is measured for SPEED_MODE_MAX on Z-Image's compiled bf16 step without "
+                                      "gradient checkpointing only" if speed_max else ""))
 
 
 def compile_cache_tag(kernels: tuple[str, ...]) -> str:

@@ -83,15 +83,21 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
         compile_ = False
     else:
         compile_ = True
+    speed_max = req.speed_mode == c.SPEED_MODE_MAX
+    attention = training_attention(family.key, device, speed_max=speed_max, precision=precision.value,
+                                   compiled=compile_, checkpointing=req.gradient_checkpointing)
+    if compile_:
         status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
-        if req.speed_mode == c.SPEED_MODE_MAX:
-            status, reason = Status.FELL_BACK, "training uses the default compile; autotuning is not applied"
+        if speed_max and attention.kernels[:1] == ("cudnn",):
+            reason += "; MAX adds cuDNN attention first (see attention)"
+        elif speed_max:
+            status, reason = Status.FELL_BACK, ("the default compile: MAX adds cuDNN attention on Z-Image's bf16 "
+                                                "step without gradient checkpointing only; autotuning is not applied")
         resolved.append(Resolved("speed_mode", asked, "regional_compile", Source.EXPLICIT, status, reason))
 
     resolved.append(Resolved("gradient_checkpointing", str(req.gradient_checkpointing).lower(),
                              str(req.gradient_checkpointing).lower(),
                              Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
-    attention = training_attention(family.key, device)
     resolved.append(Resolved("attention", "", attention.describe(), Source.AUTO, reason=attention.reason))
 
     if req.batch_size > MAX_BATCH:

@@ -2,7 +2,7 @@
 import pytest
 
 from diffusion_kit.families import FAMILIES
-from training_service.attention_choice import KERNELS, PINNED, compile_cache_tag, training_attention
+from training_service.attention_choice import CUDNN_FIRST, KERNELS, PINNED, compile_cache_tag, training_attention
 from tests.training_service.test_run_settings import H200, CPU, by_control, run
 
 
@@ -15,6 +15,27 @@ from tests.training_service.test_run_settings import H200, CPU, by_control, run
 ])
 def test_kernels_by_family_device_and_override(family, device, asked, kernels):
     assert training_attention(family, device, asked).kernels == kernels
+
+
+MAX_BF16 = dict(speed_max=True, precision="bf16", compiled=True, checkpointing=False)
+
+
+@pytest.mark.parametrize("family, device, asked, step, kernels", [
+    ("zimage", "cuda", (), MAX_BF16, CUDNN_FIRST),  # the one combination measured under cuDNN
+    ("zimage", "cuda", (), {**MAX_BF16, "speed_max": False}, PINNED),  # DEFAULT keeps flash
+    ("zimage", "cuda", (), {**MAX_BF16, "checkpointing": True}, PINNED),
+    ("zimage", "cuda", (), {**MAX_BF16, "precision": "nf4"}, PINNED),
+    ("zimage", "cuda", (), {**MAX_BF16, "precision": "fp8"}, PINNED),
+    ("zimage", "cuda", (), {**MAX_BF16, "compiled": False}, PINNED),
+    ("flux1", "cuda", (), MAX_BF16, PINNED),  # cuDNN crashed FLUX's step
+    ("zimage", "cpu", (), MAX_BF16, ()),
+    ("zimage", "cuda", ("flash",), MAX_BF16, ("flash",)),  # an override still wins
+])
+def test_speed_mode_max_puts_cudnn_first_only_where_it_was_measured(family, device, asked, step, kernels):
+    choice = training_attention(family, device, asked, **step)
+    assert choice.kernels == kernels
+    if step["speed_max"] and kernels == PINNED:  # the record says why MAX did not change the pin
+        assert "SPEED_MODE_MAX on Z-Image's compiled bf16 step without gradient checkpointing only" in choice.reason
 
 
 @pytest.mark.parametrize("kernels, tag", [

@@ -33,7 +33,10 @@ def by_control(settings):
 @pytest.mark.parametrize("caps, applied, fields, device, compiled, speed_status", [
     (H200, "PRECISION_BF16", {}, "cuda", False, Status.APPLIED),
     (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
-    (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_MAX}, "cuda", True, Status.FELL_BACK),
+    (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_MAX}, "cuda", True, Status.APPLIED),  # cuDNN first
+    (H200, "PRECISION_BF16", {"speed_mode": c.SPEED_MODE_MAX, "gradient_checkpointing": True}, "cuda", True,
+     Status.FELL_BACK),
+    (H200, "PRECISION_FP8", {"speed_mode": c.SPEED_MODE_MAX}, "cuda", True, Status.FELL_BACK),
     (H200, "PRECISION_FP8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
     (H200, "PRECISION_NF4", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", True, Status.APPLIED),
     (H200, "PRECISION_INT8", {"speed_mode": c.SPEED_MODE_DEFAULT}, "cuda", False, Status.UNSUPPORTED),
@@ -43,6 +46,18 @@ def test_compile_follows_the_base_precision(caps, applied, fields, device, compi
     settings = run(caps, Z, applied, **fields)
     assert (settings.device, settings.compile) == (device, compiled)
     assert by_control(settings)["speed_mode"].status == speed_status
+
+
+@pytest.mark.parametrize("family, fields, kernels, says", [
+    (Z, {"speed_mode": c.SPEED_MODE_MAX}, ("cudnn", "flash", "efficient"), "MAX adds cuDNN attention first"),
+    (Z, {"speed_mode": c.SPEED_MODE_DEFAULT}, ("flash", "efficient"), "dynamic shapes"),
+    (FAMILIES["flux1"], {"speed_mode": c.SPEED_MODE_MAX}, ("flash", "efficient"), "on Z-Image's bf16 step"),
+])
+def test_speed_mode_max_pins_what_the_attention_record_says(family, fields, kernels, says):
+    settings = run(H200, family, "PRECISION_BF16", **fields)
+    records = by_control(settings)
+    assert settings.attention == kernels and says in records["speed_mode"].reason
+    assert all(k in records["attention"].applied for k in kernels)
 
 
 def test_fp8_eager_says_it_is_slow():
