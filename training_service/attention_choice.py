@@ -15,7 +15,7 @@ PINNED = ("flash", "efficient")
 # agree with flash's to 1e-4 over three bucket shapes and its warm steps are faster, while an example whose
 # sequence length is new costs it one slower step (docs/bench/training.md, 2026-12-07). Nothing else has been
 # measured under it: nf4, fp8 and checkpointing keep PINNED, and so does FLUX, where cuDNN crashed.
-CUDNN_FIRST = ("cudnn", "flash", "efficient")
+CUDNN_FIRST = ("cudnn", *PINNED)
 
 
 @dataclass(frozen=True)
