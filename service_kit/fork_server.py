@@ -23,6 +23,13 @@ from service_kit.heap_freeze import freeze_imported
 PIPELINES = ("ZImagePipeline", "FluxPipeline", "QwenImagePipeline", "StableDiffusionXLPipeline")
 
 
+def pipelines_to_warm() -> tuple[str, ...]:
+    """The pipelines a process may import ahead of use: all of them where no GPU is visible, none where one is."""
+    import torch
+
+    return () if torch.cuda.is_available() else PIPELINES
+
+
 def warm_imports(modules: tuple[str, ...], no_gpu_modules: tuple[str, ...]) -> str:
     """Imports `modules`, and where no GPU is visible also the pipelines and `no_gpu_modules`. Returns why the
     result cannot serve forks ("" when it can)."""
@@ -31,11 +38,10 @@ def warm_imports(modules: tuple[str, ...], no_gpu_modules: tuple[str, ...]) -> s
         __import__(name)
     import torch
 
-    gpu = torch.cuda.is_available()
-    for name in () if gpu else no_gpu_modules:
+    for name in () if torch.cuda.is_available() else no_gpu_modules:
         __import__(name)
     # Frozen, the imports are not walked by a child's collector either, so the child does not copy their pages.
-    freeze_imported(() if gpu else PIPELINES)
+    freeze_imported(pipelines_to_warm())
     if torch.cuda.is_initialized():
         return "importing its libraries created a CUDA context, which a forked child cannot use"
     return ""

@@ -35,10 +35,10 @@ def pytest_collection_finish(session):
     where no GPU is visible (on a GPU, peft's import of bitsandbytes would give each worker a CUDA context):
     frozen, they are no longer walked by the full collections that recipes and model unloads run in this
     process (85 s of the suite's CPU went to those walks)."""
-    from service_kit.fork_server import PIPELINES
+    from service_kit.fork_server import pipelines_to_warm
     from service_kit.heap_freeze import freeze_imported
 
-    freeze_imported(() if _has_cuda() else PIPELINES)
+    freeze_imported(pipelines_to_warm())
 
 
 def pytest_unconfigure(config):
