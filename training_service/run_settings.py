@@ -15,7 +15,7 @@ from diffusion_kit.host_caps import HostCaps
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
-from training_service.attention_choice import training_attention
+from training_service.attention_choice import CUDNN_FIRST, training_attention
 from training_service.optimizer_choice import optimizer_choice
 from training_service.requests import StartTraining
 
@@ -88,7 +88,7 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
                                    compiled=compile_, checkpointing=req.gradient_checkpointing)
     if compile_:
         status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
-        if speed_max and attention.kernels[:1] == ("cudnn",):
+        if speed_max and attention.kernels == CUDNN_FIRST:
             reason += "; MAX adds cuDNN attention first (see attention)"
         elif speed_max:
             status, reason = Status.FELL_BACK, ("the default compile: MAX adds cuDNN attention on Z-Image's bf16 "
