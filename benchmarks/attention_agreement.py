@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.bench_record import Recorder, host_description
-from benchmarks.step_profile import RESOLUTION, compile_under_cuda_graphs, gpu_busy_share
+from benchmarks.step_profile import RESOLUTION, gpu_busy_share
 from benchmarks.training_bench import ensure_base
 
 SHAPES = [(1, 1), (7, 5), (5, 7)]  # width : height of the images, two of each: three buckets
@@ -83,12 +83,11 @@ def train_one(args) -> dict:
     kernels, graphs = pin_and_graphs(args.pin)
     cfg = RecipeConfig(family=args.family, base_dir=str(base), examples=examples, rank=16, alpha=16.0,
                        steps=args.steps + 2, resolution=resolution, seed=0, buckets=True,
-                       device="cuda" if cuda else "cpu", precision="bf16" if cuda else "fp32", compile=not graphs,
+                       device="cuda" if cuda else "cpu", precision="bf16" if cuda else "fp32", compile=True,
+                       cuda_graphs=graphs,
                        compile_backend="inductor" if cuda else "aot_eager", attention=kernels)
     recipe = LoraRecipe(cfg)
     recipe.setup()
-    if graphs:
-        compile_under_cuda_graphs(recipe)
     ran: list[tuple[int, str, float]] = []  # (example, bucket shape, ms) per step
     for step in range(args.steps):
         index = recipe.plan.at(step)[0]

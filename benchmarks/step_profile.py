@@ -19,7 +19,8 @@ torch.profiler trace of a few steps.
 With --aot-blocks DIR the compiled blocks are the graphs compiled ahead of time in DIR (loaded, or compiled and
 saved there): run it twice to time the loaded graphs.
 
-With --cudagraphs (an experiment) the blocks run under inductor's CUDA graph trees instead. On a GPU the rows
+With --cudagraphs the blocks replay as CUDA graphs (inductor's graph trees), as the trainer runs them under
+SPEED_MODE_MAX where training_service/graph_choice.py allows. On a GPU the rows
 also say, per loop, the kernel time per step, its GEMM and attention shares, and which fused SDPA kernels ran,
 with an `attention_pin_not_honoured` row when the pin's first kernel did not.
 
@@ -181,22 +182,6 @@ def built_model_step(recipe):
     return step
 
 
-def compile_under_cuda_graphs(recipe) -> None:
-    """The recipe's blocks (set up uncompiled) compiled under inductor's CUDA graph trees, an experiment: each
-    block call's forward and backward recorded once per sequence shape (static shapes) and replayed, one launch
-    per block call where the regular compile launches each kernel from the host. The attention pin's tag goes
-    in the compile caches' keys, as the recipe's own compile does. On a CPU, where there are no graphs to
-    record, the blocks take the same compile without the mode."""
-    from training_service.attention_choice import compile_cache_tag, training_attention
-
-    cfg = recipe.cfg
-    if tag := compile_cache_tag(training_attention(cfg.family, cfg.device, tuple(cfg.attention)).kernels):
-        torch.compiler.config.cache_key_tag = tag
-    recipe.model.compile_repeated_blocks(dynamic=False, backend=cfg.compile_backend,
-                                         mode="reduce-overhead" if cfg.device.startswith("cuda") else None)
-    recipe.compiled = True
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--family", choices=list(RESOLUTION), required=True)
@@ -208,8 +193,8 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
     p.add_argument("--cudagraphs", action="store_true",
-                   help="an experiment, not a service mode: the blocks compiled with inductor's CUDA graphs "
-                        "(mode reduce-overhead, static shapes) in place of the regular compile")
+                   help="the trainer's CUDA graph mode (SPEED_MODE_MAX on FLUX.1): the blocks compiled with "
+                        "inductor's CUDA graphs (mode reduce-overhead, static shapes) in place of the regular compile")
     p.add_argument("--aot-blocks", type=Path, metavar="DIR",
                    help="with --compile: the blocks' graphs compiled ahead of time, loaded from DIR or saved there")
     p.add_argument("--built-model", action="store_true",
@@ -237,17 +222,16 @@ def main() -> None:
     cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32",
-                       gradient_checkpointing=args.gradient_checkpointing, compile=args.compile,
+                       gradient_checkpointing=args.gradient_checkpointing, compile=args.compile or args.cudagraphs,
+                       cuda_graphs=args.cudagraphs,
                        compile_backend="inductor" if device == "cuda" else "aot_eager",
                        aot_dir=str(args.aot_blocks) if args.aot_blocks else None,
                        attention=[k for k in args.attention.split(",") if k])
     resolved: list[dict] = []
     recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
-    mode = f"{cfg.precision}-{'compile' if args.compile else 'eager'}" + ("-gc" if args.gradient_checkpointing else "")
-    if args.cudagraphs:
-        compile_under_cuda_graphs(recipe)
-        mode = mode.replace("-eager", "-cudagraphs")
+    loop = "cudagraphs" if args.cudagraphs else "compile" if args.compile else "eager"
+    mode = f"{cfg.precision}-{loop}" + ("-gc" if args.gradient_checkpointing else "")
     if cfg.attention:
         mode += "-attn-" + "-".join(cfg.attention)
     if recipe.aot is not None:

@@ -111,12 +111,13 @@ class LoraRecipe:
         backend = self.cfg.compile_backend if self.cfg.compile else None
         if backend is not None and (tag := compile_cache_tag(self._attention_kernels())):
             torch.compiler.config.cache_key_tag = tag  # empty (no pin): an operator's tag stands
-        ahead = backend is not None and bool(self.cfg.aot_dir)
+        graphs = backend is not None and self.cfg.cuda_graphs
+        ahead = backend is not None and bool(self.cfg.aot_dir) and not graphs
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
                                  rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
                                  gradient_checkpointing=self.cfg.gradient_checkpointing,
-                                 compile_backend=None if ahead else backend, phase=phase)
+                                 compile_backend=None if ahead or graphs else backend, phase=phase)
         for reason, message in denoiser.warnings:
             self.emit("warning", {"reason": reason, "message": message})
         self.model, self.params = denoiser.model, denoiser.params
@@ -124,6 +125,9 @@ class LoraRecipe:
         self.aot = self._ahead_of_time(backend, phase) if ahead else None
         self.aot_misses_said = False
         self.samples_compiled = self.compiled  # sample images run the blocks without gradients: other graphs
+        self.graph_skips_said = False
+        if graphs:
+            self._compile_for_cuda_graphs(backend, phase)
         self.optimizer = self._optimizer()
         from diffusers.optimization import get_scheduler
 
@@ -178,6 +182,46 @@ class LoraRecipe:
                                                              "gradients, run the blocks eagerly").to_dict()]})
         self._free()
         return aot
+
+    def _compile_for_cuda_graphs(self, backend: str, phase: Callable[[str, str], None]) -> None:
+        """The blocks compiled with static shapes for replay as CUDA graphs (inductor's graph trees): each block
+        call's forward and backward recorded on its bucket shape's first step, then replayed, one launch per call.
+        Dynamo may keep one graph per shape of the job (not its default of 8); sample images, which run without
+        gradients, run the blocks eagerly rather than record inference graphs beside the training ones. Graphs
+        are not kept across jobs, and the record says so where the service keeps the others. On a CPU there is
+        nothing to record: the blocks take the same static compile without the mode."""
+        from diffusion_kit import aot_blocks
+
+        shapes = len(self._one_batch_per_shape())
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+        if self.cfg.aot_dir:
+            self.emit("resolved", {"resolved": [aot_blocks.fell_back(
+                "CUDA graphs are recorded in the job's own process, so its blocks are not compiled ahead of time "
+                "(the compile caches on disk still serve a later job)").to_dict()]})
+        phase("compiling", f"the repeated blocks for CUDA graph replay ({backend}, static shapes: {shapes} batch "
+                           "shape(s), each recorded on its first step)")
+        cuda = self.cfg.device.startswith("cuda")
+        self.model.compile_repeated_blocks(dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda else {}))
+        self.compiled, self.samples_compiled = True, False
+        from torch._dynamo.utils import counters
+
+        self.graph_skips_before = counters["inductor"]["cudagraph_skips"]  # the process's count so far
+
+    def _say_graph_skips(self) -> None:
+        """Inductor runs a graph it cannot record (a CPU tensor among its inputs, an input it mutates) without
+        CUDA graphs, and only logs why: the job's record says how many, once."""
+        from torch._dynamo.utils import counters
+
+        if not self.cfg.cuda_graphs or self.graph_skips_said or not self.compiled:
+            return
+        skips = counters["inductor"]["cudagraph_skips"] - self.graph_skips_before
+        if not skips:
+            return
+        self.graph_skips_said = True
+        self.emit("resolved", {"resolved": [Resolved(
+            "speed_mode", "regional_compile+cuda_graphs", "regional_compile+cuda_graphs", Source.AUTO, Status.FELL_BACK,
+            f"{skips} compiled graph(s) of the blocks run without CUDA graphs (inductor could not record them; its "
+            f"log says why), from step {self.state.step}").to_dict()]})
 
     def _one_batch_per_shape(self) -> list[int]:
         """The first micro-batch of each bucket and batch size in the first epoch's plan (every epoch has the same
@@ -378,6 +422,8 @@ class LoraRecipe:
                 if should_stop():
                     break
             t0 = time.perf_counter()
+            if self.compiled and self.cfg.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
             noise_state = self.generator.get_state() if self.compiled else None
             try:
                 loss, images, waited = self._accumulate_gradients(self.state.step, pause)
@@ -406,6 +452,7 @@ class LoraRecipe:
                 raise TrainingDiverged(self.state.step, value)
             self.state.losses.append(value)
             self._say_eager_calls()
+            self._say_graph_skips()
             now = time.perf_counter()
             window = self.state.losses[-20:]
             peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0

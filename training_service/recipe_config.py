@@ -35,6 +35,7 @@ class RecipeConfig:
     compile_backend: str = "inductor"
     gradient_checkpointing: bool = False
     attention: list[str] = field(default_factory=list)  # SDPA kernels pinned, in order (attention_choice)
+    cuda_graphs: bool = False  # compiled runs: the blocks replay as CUDA graphs, static shapes (graph_choice)
     aot_dir: str = ""  # compiled runs: where the blocks' training graphs are kept across jobs (aot_blocks); "" off
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0  # also save when this much time passed since the last save; 0 off

@@ -16,6 +16,7 @@ from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from service_kit.errors import FailedPrecondition, InvalidArgument
 from training_service.attention_choice import CUDNN_FIRST, training_attention
+from training_service.graph_choice import training_graphs
 from training_service.optimizer_choice import optimizer_choice
 from training_service.requests import StartTraining
 
@@ -36,6 +37,7 @@ class RunSettings:
     compile: bool
     gradient_checkpointing: bool
     attention: tuple[str, ...]  # SDPA kernels the step pins (attention_choice)
+    cuda_graphs: bool  # the blocks replay as CUDA graphs (graph_choice)
     batch_size: int
     accumulation: int
     buckets: bool
@@ -86,14 +88,21 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
     speed_max = req.speed_mode == c.SPEED_MODE_MAX
     attention = training_attention(family.key, device, speed_max=speed_max, precision=precision.value,
                                    compiled=compile_, checkpointing=req.gradient_checkpointing)
+    graphs = training_graphs(family.key, device, speed_max=speed_max, precision=precision.value, compiled=compile_,
+                             checkpointing=req.gradient_checkpointing,
+                             accumulation=req.gradient_accumulation_steps or 1)
     if compile_:
         status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
-        if speed_max and attention.kernels == CUDNN_FIRST:
+        if graphs.on:
+            reason = f"regional compile of the repeated blocks; {graphs.reason}"
+        elif speed_max and attention.kernels == CUDNN_FIRST:
             reason += "; MAX adds cuDNN attention first (see attention)"
         elif speed_max:
-            status, reason = Status.FELL_BACK, ("the default compile: MAX adds cuDNN attention on Z-Image's bf16 "
-                                                "step without gradient checkpointing only; autotuning is not applied")
-        resolved.append(Resolved("speed_mode", asked, "regional_compile", Source.EXPLICIT, status, reason))
+            status, reason = Status.FELL_BACK, (
+                "the default compile: MAX adds cuDNN attention on Z-Image's bf16 step and CUDA graphs on FLUX.1's, "
+                f"without gradient checkpointing (CUDA graphs: {graphs.reason}); autotuning is not applied")
+        resolved.append(Resolved("speed_mode", asked, "regional_compile+cuda_graphs" if graphs.on else
+                                 "regional_compile", Source.EXPLICIT, status, reason))
 
     resolved.append(Resolved("gradient_checkpointing", str(req.gradient_checkpointing).lower(),
                              str(req.gradient_checkpointing).lower(),
@@ -126,6 +135,6 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
 
     return RunSettings(device=device, precision=precision, optimizer=optimizer,
                        lr_schedule=schedule, compile=compile_, gradient_checkpointing=req.gradient_checkpointing,
-                       attention=attention.kernels,
+                       attention=attention.kernels, cuda_graphs=graphs.on,
                        batch_size=batch, accumulation=accumulation, buckets=buckets, sample_every=req.sample_every,
                        sample_prompts=prompts, resolved=tuple(resolved))

@@ -125,6 +125,7 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
         warmup_steps=req.warmup_steps, device=run.device, precision=run.precision, optimizer=run.optimizer,
         lr_schedule=run.lr_schedule, batch_size=run.batch_size, accumulation=run.accumulation, buckets=run.buckets,
         compile=run.compile, gradient_checkpointing=run.gradient_checkpointing, attention=list(run.attention),
+        cuda_graphs=run.cuda_graphs,
         checkpoint_every=req.checkpoint_every,
         sample_every=run.sample_every, sample_prompts=list(run.sample_prompts),
         dataset_fingerprint=dataset.fingerprint(examples), adapter_id=req.adapter_id,

@@ -216,3 +216,38 @@ def test_a_job_under_another_attention_pin_compiles_its_own_graphs(tiny_models, 
 
     assert job("flash") == ["flash_attention"]
     assert job("efficient") == ["efficient_attention"]
+
+
+@pytest.mark.timeout(900)
+def test_flux_steps_replay_as_cuda_graphs_over_buckets_and_train_as_the_regular_compile(tiny_models, tmp_path):
+    """SPEED_MODE_MAX on FLUX.1's bf16 step (graph_choice): the blocks replay as CUDA graphs, one recorded per
+    bucket shape. The steps launch graphs, inductor records every compiled graph (no record of one it could not),
+    sample images render with the blocks eager, and the losses follow the regular compile's."""
+    examples = []
+    for i, size in enumerate([(96, 64), (64, 96), (64, 64), (96, 64)]):  # three buckets
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", size, (60 * i, 40, 160)).save(path)
+        examples.append((str(path), f"a card number {i}"))
+    losses, launches = {}, {}
+    for graphs in (False, True):
+        cfg = RecipeConfig(family="flux1", base_dir=str(tiny_models["flux1"]), examples=examples, rank=4, alpha=4.0,
+                           learning_rate=1e-3, steps=10, resolution=64, seed=1, device="cuda", precision="bf16",
+                           buckets=True, compile=True, cuda_graphs=graphs,
+                           aot_dir=str(tmp_path / "aot") if graphs else "", sample_every=10, sample_prompts=["a card"])
+        events = []
+        recipe = LoraRecipe(cfg, emit=lambda kind, data: events.append((kind, data)))
+        recipe.setup()
+        recipe.train(until_step=8)  # every shape recorded twice over
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            recipe.train(sample_dir=tmp_path / f"samples-{graphs}")
+        launches[graphs] = sum(e.count for e in prof.key_averages() if e.key == "cudaGraphLaunch")
+        losses[graphs] = recipe.state.losses
+        records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+        if graphs:
+            assert [(r["control"], r["status"]) for r in records] == [
+                ("compile_ahead_of_time", "SETTING_STATUS_FELL_BACK")], records  # and no graph went unrecorded
+        assert [k for k, _ in events].count("sample") == 1
+        assert not [d for k, d in events if k == "warning"]
+    assert launches[False] == 0 and launches[True] > 0
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)  # bf16 kernels of two compiles differ in rounding

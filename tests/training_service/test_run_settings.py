@@ -48,16 +48,32 @@ def test_compile_follows_the_base_precision(caps, applied, fields, device, compi
     assert by_control(settings)["speed_mode"].status == speed_status
 
 
-@pytest.mark.parametrize("family, fields, kernels, says", [
-    (Z, {"speed_mode": c.SPEED_MODE_MAX}, ("cudnn", "flash", "efficient"), "MAX adds cuDNN attention first"),
-    (Z, {"speed_mode": c.SPEED_MODE_DEFAULT}, ("flash", "efficient"), "dynamic shapes"),
-    (FAMILIES["flux1"], {"speed_mode": c.SPEED_MODE_MAX}, ("flash", "efficient"), "on Z-Image's bf16 step"),
+FLUX, MAX = FAMILIES["flux1"], {"speed_mode": c.SPEED_MODE_MAX}
+
+
+APPLIED, FELL_BACK = Status.APPLIED, Status.FELL_BACK
+
+
+@pytest.mark.parametrize("family, fields, kernels, graphs, status, says", [
+    (Z, MAX, ("cudnn", "flash", "efficient"), False, APPLIED, "MAX adds cuDNN attention first"),
+    (Z, {"speed_mode": c.SPEED_MODE_DEFAULT}, ("flash", "efficient"), False, APPLIED, "dynamic shapes"),
+    (FLUX, MAX, ("flash", "efficient"), True, APPLIED, "the blocks replay as CUDA graphs"),
+    (FLUX, {**MAX, "gradient_accumulation_steps": 2}, ("flash", "efficient"), False, FELL_BACK, "cannot accumulate"),
+    (FLUX, {**MAX, "gradient_checkpointing": True}, ("flash", "efficient"), False, FELL_BACK, "measured on FLUX.1's"),
 ])
-def test_speed_mode_max_pins_what_the_attention_record_says(family, fields, kernels, says):
+def test_speed_mode_max_applies_what_its_records_say(family, fields, kernels, graphs, status, says):
     settings = run(H200, family, "PRECISION_BF16", **fields)
     records = by_control(settings)
-    assert settings.attention == kernels and says in records["speed_mode"].reason
+    assert (settings.attention, settings.cuda_graphs) == (kernels, graphs) and says in records["speed_mode"].reason
     assert all(k in records["attention"].applied for k in kernels)
+    assert records["speed_mode"].applied == ("regional_compile+cuda_graphs" if graphs else "regional_compile")
+    assert records["speed_mode"].status == status
+
+
+def test_only_speed_mode_max_on_a_gpu_replays_graphs():
+    assert not run(H200, FLUX, "PRECISION_BF16", speed_mode=c.SPEED_MODE_DEFAULT).cuda_graphs
+    cpu = run(CPU, FLUX, "PRECISION_FP32", **MAX)
+    assert not cpu.cuda_graphs and "CUDA graphs need a CUDA device" in by_control(cpu)["speed_mode"].reason
 
 
 def test_fp8_eager_says_it_is_slow():
