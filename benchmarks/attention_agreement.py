@@ -4,9 +4,10 @@ aspect ratios sorted into buckets, compiled as SPEED_MODE_DEFAULT compiles on a 
 finished, which fused SDPA kernels ran, the step time per bucket shape (warm: the example's whole sequence had
 run before; and apart, an example's first step in a known bucket) and the losses; then, per step, the relative
 difference between the two pins' losses. This is what a pin must show before it becomes a family's
-default (training_service/attention_choice.py). A pin ending in `+graphs` runs the blocks under inductor's CUDA
-graph trees (static shapes: a graph per sequence shape) in place of the regular compile: what graphs must show,
-losses agreeing over mixed buckets, before the trainer runs its steps under them.
+default (training_service/attention_choice.py). A pin ending in `+graphs` replays the blocks as CUDA graphs, as
+the trainer does under SPEED_MODE_MAX where training_service/graph_choice.py allows (static shapes: a graph per
+sequence shape), in place of the regular compile: losses agreeing over mixed buckets, and the memory the graphs'
+pools hold across buckets.
 
     python -m benchmarks.attention_agreement --family zimage --workdir /tmp/sp --out FILE
     python -m benchmarks.attention_agreement --family flux1 --workdir /tmp/sp --out FILE \
@@ -102,7 +103,8 @@ def train_one(args) -> dict:
     return {"pin": list(pinned), "losses": recipe.state.losses[:args.steps],
             "ran": list(trace.attention_ran) if trace else [],
             "ms_by_shape": {s: statistics.median(ms) for s, ms in by_kind["warm"].items()},
-            "new_sequence_ms_by_shape": {s: statistics.median(ms) for s, ms in by_kind["new_sequence"].items()}}
+            "new_sequence_ms_by_shape": {s: statistics.median(ms) for s, ms in by_kind["new_sequence"].items()},
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None}
 
 
 def main() -> None:
@@ -147,6 +149,9 @@ def main() -> None:
             record(mode, f"new_sequence_step_ms_{shape}", ms, "ms", note="median of an example's first step in a "
                    "bucket that had run before: a new caption length in a known image shape")
         record(mode, "losses", result["losses"], "loss")
+        if result.get("peak_reserved_gib") is not None:
+            record(mode, "peak_reserved_gib", result["peak_reserved_gib"], "GiB", note="what the caching allocator "
+                   "held at its peak over the job (load, every bucket, CUDA graph pools included)")
     if len(results) == 2 and all(results):
         a, b = results[0]["losses"], results[1]["losses"]
         diffs = [abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)]
