@@ -190,6 +190,8 @@ class LoraRecipe:
         gradients, run the blocks eagerly rather than record inference graphs beside the training ones. Graphs
         are not kept across jobs, and the record says so where the service keeps the others. On a CPU there is
         nothing to record: the blocks take the same static compile without the mode."""
+        from torch._dynamo.utils import counters
+
         from diffusion_kit import aot_blocks
 
         shapes = len(self._one_batch_per_shape())
@@ -200,11 +202,9 @@ class LoraRecipe:
                 "(the compile caches on disk still serve a later job)").to_dict()]})
         phase("compiling", f"the repeated blocks for CUDA graph replay ({backend}, static shapes: {shapes} batch "
                            "shape(s), each recorded on its first step)")
-        cuda = self.cfg.device.startswith("cuda")
-        self.model.compile_repeated_blocks(dynamic=False, backend=backend, **({"mode": "reduce-overhead"} if cuda else {}))
+        mode = {"mode": "reduce-overhead"} if self.cfg.device.startswith("cuda") else {}
+        self.model.compile_repeated_blocks(dynamic=False, backend=backend, **mode)
         self.compiled, self.samples_compiled = True, False
-        from torch._dynamo.utils import counters
-
         self.graph_skips_before = counters["inductor"]["cudagraph_skips"]  # the process's count so far
 
     def _say_graph_skips(self) -> None:
