@@ -133,8 +133,7 @@ def test_gradient_checkpointing_and_compile_match_eager(tiny_models, examples):
     assert compiled == pytest.approx(eager, rel=1e-4)
 
 
-def test_cuda_graph_mode_compiles_a_graph_per_shape_and_keeps_none_ahead_of_time(tiny_models, examples, tmp_path,
-                                                                                  monkeypatch):
+def test_cuda_graph_mode_compiles_a_graph_per_shape_and_keeps_none_ahead_of_time(tiny_models, examples, tmp_path):
     """The trainer's CUDA graph mode (SPEED_MODE_MAX on FLUX.1, graph_choice) compiles the blocks with static
     shapes: one graph per batch shape of the job, which dynamo would stop compiling past its recompile limit and
     run eagerly. Graphs recorded in the job's process are not kept ahead of time, and the record says so; sample
@@ -142,13 +141,13 @@ def test_cuda_graph_mode_compiles_a_graph_per_shape_and_keeps_none_ahead_of_time
     without the mode: the losses are the regular compile's."""
     import torch._dynamo.config as dynamo_config
 
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 2)  # fewer than the job's 3 shapes
-    monkeypatch.setattr(dynamo_config, "fail_on_recompile_limit_hit", True)  # past it: an error, not eager calls
     kw = dict(family="flux1", steps=6, buckets=True, batch_size=2, compile=True, compile_backend="aot_eager")
     events = []
-    recipe = run(config(tiny_models, examples, cuda_graphs=True, aot_dir=str(tmp_path / "aot"), sample_every=3,
-                        sample_prompts=["a card"], **kw), events, sample_dir=tmp_path / "samples")
-    assert len(recipe._one_batch_per_shape()) == 3 and dynamo_config.recompile_limit >= 4
+    # fewer than the job's 3 shapes; past the limit an error, not eager calls (torch's own patch: it restores)
+    with dynamo_config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+        recipe = run(config(tiny_models, examples, cuda_graphs=True, aot_dir=str(tmp_path / "aot"), sample_every=3,
+                            sample_prompts=["a card"], **kw), events, sample_dir=tmp_path / "samples")
+        assert len(recipe._one_batch_per_shape()) == 3 and dynamo_config.recompile_limit >= 4
     assert recipe.compiled and not recipe.samples_compiled
     assert not [d for k, d in events if k == "warning"]  # no compile failure, no fallback to eager
     records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
