@@ -132,7 +132,10 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
     if skip >= 1:
         a, b = steps_seen[skip], steps_seen[-1]
         per_step = (b.elapsed.ToNanoseconds() - a.elapsed.ToNanoseconds()) / 1e9 / (b.step - a.step)
-        record(mode, "steps_per_s", 1 / per_step, "steps/s", batch=1)
+        elapsed = [s.elapsed.ToNanoseconds() / 1e6 for s in steps_seen]
+        step_ms = [round(b - a, 1) for a, b in zip(elapsed, elapsed[1:])]  # a recompile or a slow step shows here
+        record(mode, "steps_per_s", 1 / per_step, "steps/s", batch=1, step_ms=step_ms,
+               median_step_ms=statistics.median(step_ms[skip:]))
     record(mode, "peak_memory_gib", max(s.peak_memory_bytes for s in steps_seen) / 2**30, "GiB")
     record(mode, "last_loss", steps_seen[-1].loss, "", finite=all(s.loss == s.loss for s in steps_seen),
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
