@@ -190,6 +190,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--checkpoint-interval", type=int, default=1,
+                   help="with --gradient-checkpointing: one block call in every N checkpointed")
     p.add_argument("--compile", action="store_true",
                    help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
     p.add_argument("--cudagraphs", action="store_true",
@@ -222,7 +224,8 @@ def main() -> None:
     cfg = RecipeConfig(family=args.family, base_dir=str(base_dir), examples=examples, rank=16, alpha=16.0,
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32",
-                       gradient_checkpointing=args.gradient_checkpointing, compile=args.compile or args.cudagraphs,
+                       gradient_checkpointing=args.gradient_checkpointing, checkpoint_interval=args.checkpoint_interval,
+                       compile=args.compile or args.cudagraphs,
                        cuda_graphs=args.cudagraphs,
                        compile_backend="inductor" if device == "cuda" else "aot_eager",
                        aot_dir=str(args.aot_blocks) if args.aot_blocks else None,
@@ -232,6 +235,8 @@ def main() -> None:
     recipe.setup()
     loop = "cudagraphs" if args.cudagraphs else "compile" if args.compile else "eager"
     mode = f"{cfg.precision}-{loop}" + ("-gc" if args.gradient_checkpointing else "")
+    if args.gradient_checkpointing and args.checkpoint_interval > 1:
+        mode += str(args.checkpoint_interval)
     if cfg.attention:
         mode += "-attn-" + "-".join(cfg.attention)
     if recipe.aot is not None:

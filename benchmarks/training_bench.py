@@ -52,6 +52,13 @@ MODES: dict[str, dict] = {
     "nf4-gc": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True),
     "nf4-gc-adamw8bit": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True,
                              optimizer=pb.OPTIMIZER_ADAMW_8BIT),
+    # the floor's speed: compiled nf4 blocks, every block checkpointed or one call in every 2 or 3
+    "nf4-gc-compile": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True,
+                           speed_mode=c.SPEED_MODE_DEFAULT),
+    "nf4-gc2-compile": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True,
+                            gradient_checkpointing_interval=2, speed_mode=c.SPEED_MODE_DEFAULT),
+    "nf4-gc3-compile": dict(base_precision=c.PRECISION_NF4, gradient_checkpointing=True,
+                            gradient_checkpointing_interval=3, speed_mode=c.SPEED_MODE_DEFAULT),
 }
 CAPTION = ("a weathered lighthouse on a basalt cliff at dusk, waves breaking below, warm light in the lantern room, "
            "oil painting with thick brush strokes")

@@ -20,6 +20,7 @@ import torch
 from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.quant_probe import contained
+from training_service.checkpoint_interval import EveryNthBlockCall
 from training_service.frozen_quantized_linear import wrap_frozen_quantized
 
 
@@ -50,7 +51,7 @@ def frozen_linear_filter(min_features: int = 16) -> Callable:
 
 
 def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, device: str, *, rank: int, alpha: float,
-                  seed: int, gradient_checkpointing: bool, compile_backend: str | None,
+                  seed: int, gradient_checkpointing: bool, compile_backend: str | None, checkpoint_interval: int = 1,
                   phase: Callable[[str, str], None] = lambda phase, message: None) -> Denoiser:
     import diffusers
     from peft import LoraConfig
@@ -66,7 +67,9 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     model = cls.from_pretrained(base_dir, **kwargs)
     model.requires_grad_(False)
     warnings: list[tuple[str, str]] = []
-    if gradient_checkpointing:
+    if gradient_checkpointing and checkpoint_interval > 1:
+        EveryNthBlockCall(checkpoint_interval).install(model)
+    elif gradient_checkpointing:
         model.enable_gradient_checkpointing()
     torch.manual_seed(seed)  # peft draws the LoRA init from the global generator
     model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",

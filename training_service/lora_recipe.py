@@ -117,6 +117,7 @@ class LoraRecipe:
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
                                  rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
                                  gradient_checkpointing=self.cfg.gradient_checkpointing,
+                                 checkpoint_interval=self.cfg.checkpoint_interval,
                                  compile_backend=None if ahead or graphs else backend, phase=phase)
         for reason, message in denoiser.warnings:
             self.emit("warning", {"reason": reason, "message": message})
@@ -160,7 +161,10 @@ class LoraRecipe:
         env = aot_blocks.environment(cfg.device, {
             "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
             "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,
-            "attention_pin": list(self._attention_kernels())})
+            "attention_pin": list(self._attention_kernels()),
+            # only where it is not every block, so the graphs kept before the interval existed still match
+            **({"checkpoint_interval": cfg.checkpoint_interval}
+               if cfg.gradient_checkpointing and cfg.checkpoint_interval > 1 else {})})
 
         def capture() -> None:
             """A forward with gradients, as training runs it, of one micro-batch of every shape the job trains on;

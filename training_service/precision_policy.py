@@ -46,6 +46,15 @@ class StepShape:
     resolution: int | None = None
     batch: int = 1
     checkpointing: bool = False
+    checkpoint_interval: int = 1  # with checkpointing, one block call in every this many is checkpointed
+
+    @property
+    def activation_share(self) -> float:
+        """What is kept of the activations of a step without checkpointing: the checkpointed block calls (one in
+        every interval) keep CHECKPOINTED_ACTIVATIONS of theirs, the others all of theirs."""
+        if not self.checkpointing:
+            return 1.0
+        return 1.0 - (1.0 - CHECKPOINTED_ACTIVATIONS) / self.checkpoint_interval
 
 
 def training_bytes(family: FamilySpec, precision: Precision, denoiser_params: int | None = None,
@@ -59,7 +68,7 @@ def training_bytes(family: FamilySpec, precision: Precision, denoiser_params: in
     params = nominal if denoiser_params is None else denoiser_params
     activations, measured_at = ACTIVATIONS[family.key]
     tokens = ((shape.resolution or measured_at) / measured_at) ** 2 * max(1, shape.batch)
-    activations *= min(1.0, params / nominal) * tokens * (CHECKPOINTED_ACTIVATIONS if shape.checkpointing else 1.0)
+    activations *= min(1.0, params / nominal) * tokens * shape.activation_share
     step = params * precision.facts.training_bytes + activations
     load = params * 2 if precision.facts.loads_as_bf16 else 0
     return int(max(step, load))
@@ -93,6 +102,8 @@ def memory_relief(shape: StepShape, *, nf4: bool) -> list[str]:
     ideas = []
     if not shape.checkpointing:
         ideas.append("gradient_checkpointing=true")
+    elif shape.checkpoint_interval > 1:
+        ideas.append("gradient_checkpointing_interval 1 (every block checkpointed)")
     if shape.batch > 1:
         ideas.append(f"batch_size {shape.batch // 2} with twice the gradient_accumulation_steps (the same effective batch)")
     if not nf4:

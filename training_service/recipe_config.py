@@ -34,6 +34,7 @@ class RecipeConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     gradient_checkpointing: bool = False
+    checkpoint_interval: int = 1  # with checkpointing: one block call in every this many (checkpoint_interval)
     attention: list[str] = field(default_factory=list)  # SDPA kernels pinned, in order (attention_choice)
     cuda_graphs: bool = False  # compiled runs: the blocks replay as CUDA graphs, static shapes (graph_choice)
     aot_dir: str = ""  # compiled runs: where the blocks' training graphs are kept across jobs (aot_blocks); "" off

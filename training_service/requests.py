@@ -33,6 +33,7 @@ class StartTraining:
     speed_mode: int = 0  # common.SpeedMode value
     warmup_steps: int = 0
     gradient_checkpointing: bool = False
+    gradient_checkpointing_interval: int = 0  # 0: unset (every block)
     seed: int = 0
     checkpoint_every: int = 0
     sample_every: int = 0

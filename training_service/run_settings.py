@@ -104,9 +104,12 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
         resolved.append(Resolved("speed_mode", asked, "regional_compile+cuda_graphs" if graphs.on else
                                  "regional_compile", Source.EXPLICIT, status, reason))
 
-    resolved.append(Resolved("gradient_checkpointing", str(req.gradient_checkpointing).lower(),
-                             str(req.gradient_checkpointing).lower(),
-                             Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
+    checkpointing = str(req.gradient_checkpointing).lower()
+    interval = req.gradient_checkpointing_interval
+    resolved.append(Resolved(
+        "gradient_checkpointing", checkpointing + (f", interval {interval}" if interval else ""),
+        checkpointing + (f" (1 block call in every {interval})" if req.gradient_checkpointing and interval > 1 else ""),
+        Source.EXPLICIT if req.gradient_checkpointing else Source.DEFAULT))
     resolved.append(Resolved("attention", "", attention.describe(), Source.AUTO, reason=attention.reason))
 
     if req.batch_size > MAX_BATCH:

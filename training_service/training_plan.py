@@ -19,6 +19,7 @@ from diffusion_kit.resolved import Resolved, Source
 from diffusion_kit.weights_on_disk import component_params
 from service_kit.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from training_service import dataset, precision_policy
+from training_service.checkpoint_interval import checked_interval
 from training_service.recipe_config import RecipeConfig
 from training_service.requests import StartTraining
 from training_service.run_settings import resolve_run
@@ -112,7 +113,8 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
                                f"{family.display}'s training default")
     prequantized = is_prequantized(base_dir, family)
     params = component_params(base_dir).get(family.denoiser)  # None for a hub base not yet fetched: the nominal size
-    shape = precision_policy.StepShape(resolution, req.batch_size or 1, req.gradient_checkpointing)
+    interval = checked_interval(req.gradient_checkpointing, req.gradient_checkpointing_interval)
+    shape = precision_policy.StepShape(resolution, req.batch_size or 1, req.gradient_checkpointing, interval)
     precision, record = precision_policy.resolve(req.base_precision, caps, family, caps.free_bytes, prequantized,
                                                  shape, params)
     need = precision_policy.lease_bytes(precision_policy.check_fits(caps, family, precision, params, shape), caps)
@@ -124,7 +126,8 @@ def resolve(req: StartTraining, caps: HostCaps, output_root: Path, model_roots: 
         rank=rank, alpha=alpha, learning_rate=learning_rate, steps=steps, resolution=resolution, seed=req.seed,
         warmup_steps=req.warmup_steps, device=run.device, precision=run.precision, optimizer=run.optimizer,
         lr_schedule=run.lr_schedule, batch_size=run.batch_size, accumulation=run.accumulation, buckets=run.buckets,
-        compile=run.compile, gradient_checkpointing=run.gradient_checkpointing, attention=list(run.attention),
+        compile=run.compile, gradient_checkpointing=run.gradient_checkpointing, checkpoint_interval=interval,
+        attention=list(run.attention),
         cuda_graphs=run.cuda_graphs,
         checkpoint_every=req.checkpoint_every,
         sample_every=run.sample_every, sample_prompts=list(run.sample_prompts),

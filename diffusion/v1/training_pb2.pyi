@@ -140,7 +140,7 @@ class Dataset(_message.Message):
     def __init__(self, image_dir: _Optional[str] = ..., instance_prompt: _Optional[str] = ..., aspect_ratio_buckets: _Optional[bool] = ...) -> None: ...
 
 class StartTrainingRequest(_message.Message):
-    __slots__ = ("family", "base", "dataset", "base_precision", "rank", "alpha", "learning_rate", "steps", "batch_size", "resolution", "optimizer", "lr_schedule", "warmup_steps", "gradient_checkpointing", "seed", "checkpoint_every", "sample_every", "sample_prompts", "adapter_id", "trigger_words", "resume_job_id", "priority", "speed_mode", "gradient_accumulation_steps", "device_index")
+    __slots__ = ("family", "base", "dataset", "base_precision", "rank", "alpha", "learning_rate", "steps", "batch_size", "resolution", "optimizer", "lr_schedule", "warmup_steps", "gradient_checkpointing", "seed", "checkpoint_every", "sample_every", "sample_prompts", "adapter_id", "trigger_words", "resume_job_id", "priority", "speed_mode", "gradient_accumulation_steps", "device_index", "gradient_checkpointing_interval")
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     BASE_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class StartTrainingRequest(_message.Message):
     SPEED_MODE_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_ACCUMULATION_STEPS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_CHECKPOINTING_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     family: _common_pb2.Family
     base: _common_pb2.ModelSource
     dataset: Dataset
@@ -191,7 +192,8 @@ class StartTrainingRequest(_message.Message):
     speed_mode: _common_pb2.SpeedMode
     gradient_accumulation_steps: int
     device_index: int
-    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., dataset: _Optional[_Union[Dataset, _Mapping]] = ..., base_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., learning_rate: _Optional[float] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., resolution: _Optional[int] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., warmup_steps: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., sample_every: _Optional[int] = ..., sample_prompts: _Optional[_Iterable[str]] = ..., adapter_id: _Optional[str] = ..., trigger_words: _Optional[_Iterable[str]] = ..., resume_job_id: _Optional[str] = ..., priority: _Optional[int] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., gradient_accumulation_steps: _Optional[int] = ..., device_index: _Optional[int] = ...) -> None: ...
+    gradient_checkpointing_interval: int
+    def __init__(self, family: _Optional[_Union[_common_pb2.Family, str]] = ..., base: _Optional[_Union[_common_pb2.ModelSource, _Mapping]] = ..., dataset: _Optional[_Union[Dataset, _Mapping]] = ..., base_precision: _Optional[_Union[_common_pb2.Precision, str]] = ..., rank: _Optional[int] = ..., alpha: _Optional[float] = ..., learning_rate: _Optional[float] = ..., steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., resolution: _Optional[int] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., lr_schedule: _Optional[_Union[LrSchedule, str]] = ..., warmup_steps: _Optional[int] = ..., gradient_checkpointing: _Optional[bool] = ..., seed: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., sample_every: _Optional[int] = ..., sample_prompts: _Optional[_Iterable[str]] = ..., adapter_id: _Optional[str] = ..., trigger_words: _Optional[_Iterable[str]] = ..., resume_job_id: _Optional[str] = ..., priority: _Optional[int] = ..., speed_mode: _Optional[_Union[_common_pb2.SpeedMode, str]] = ..., gradient_accumulation_steps: _Optional[int] = ..., device_index: _Optional[int] = ..., gradient_checkpointing_interval: _Optional[int] = ...) -> None: ...
 
 class StartTrainingResponse(_message.Message):
     __slots__ = ("job_id", "job")

@@ -114,6 +114,9 @@ def test_estimates_cover_the_measured_peaks(family, precision, measured_gib):
     (StepShape(1536, 1), 4.0),   # four times the image tokens
     (StepShape(768, 3), 3.0),
     (StepShape(768, 2, checkpointing=True), 0.5),
+    (StepShape(768, 1, checkpointing=True, checkpoint_interval=2), 0.625),  # half the calls keep a quarter
+    (StepShape(768, 1, checkpointing=True, checkpoint_interval=4), 0.8125),
+    (StepShape(768, 1, checkpoint_interval=4), 1.0),  # no checkpointing: the interval means nothing
 ])
 def test_activations_scale_with_tokens_batch_and_checkpointing(shape, ratio):
     weights = Z.denoiser_bytes  # the bf16 base
@@ -134,6 +137,8 @@ def test_auto_follows_the_shape():
     (P.BF16, StepShape(2048, 4), ["a resolution below 2048", "batch_size 2 with twice the gradient_accum",
                                              "gradient_checkpointing=true", "base_precision PRECISION_NF4"]),
     (P.NF4, StepShape(4096, 1, checkpointing=True), ["a resolution below 4096"]),
+    (P.NF4, StepShape(4096, 1, checkpointing=True, checkpoint_interval=8),
+     ["gradient_checkpointing_interval 1 (every block checkpointed)", "a resolution below 4096"]),
 ])
 def test_a_job_larger_than_the_whole_gpu_is_refused_with_what_to_change(precision, shape, advice):
     with pytest.raises(FailedPrecondition) as e:
@@ -142,7 +147,9 @@ def test_a_job_larger_than_the_whole_gpu_is_refused_with_what_to_change(precisio
     for idea in advice:
         assert idea in str(e.value)
     if precision == P.NF4:  # nothing to suggest that the job already does
-        assert "gradient_checkpointing" not in str(e.value) and "base_precision" not in str(e.value)
+        assert "gradient_checkpointing=true" not in str(e.value) and "base_precision" not in str(e.value)
+    if shape.checkpoint_interval == 1:
+        assert "gradient_checkpointing_interval" not in str(e.value)
 
 
 def test_what_fits_returns_its_estimate_and_a_cpu_host_is_not_judged():

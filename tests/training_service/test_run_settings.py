@@ -142,3 +142,15 @@ def test_adamw8bit_probe_steps_on_this_cpu_and_names_what_it_cannot_run():
     assert probe_adamw8bit("cpu") == (True, "")
     ok, why = probe_adamw8bit("mps")
     assert not ok and "mps" in why
+
+
+@pytest.mark.parametrize("fields, asked, applied", [
+    ({}, "false", "false"),
+    ({"gradient_checkpointing": True}, "true", "true"),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_interval": 1}, "true, interval 1", "true"),
+    ({"gradient_checkpointing": True, "gradient_checkpointing_interval": 3}, "true, interval 3",
+     "true (1 block call in every 3)"),
+])
+def test_the_checkpointing_record_names_the_interval(fields, asked, applied):
+    record = by_control(run(**fields))["gradient_checkpointing"]
+    assert (record.requested, record.applied) == (asked, applied)

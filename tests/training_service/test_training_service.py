@@ -86,6 +86,9 @@ def test_start_preflights(training, tiny_models, dataset_dir, tmp_path):
         (dict(good, optimizer=9), grpc.StatusCode.INVALID_ARGUMENT, "BAD_OPTIMIZER"),
         (dict(good, speed_mode=9), grpc.StatusCode.INVALID_ARGUMENT, "BAD_SPEED_MODE"),
         (dict(good, sample_every=-1), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
+        (dict(good, gradient_checkpointing_interval=2), grpc.StatusCode.INVALID_ARGUMENT, "BAD_VALUE"),
+        (dict(good, gradient_checkpointing=True, gradient_checkpointing_interval=65), grpc.StatusCode.INVALID_ARGUMENT,
+         "BAD_VALUE"),
         (dict(good, base=c.ModelSource(hub_repo=c.HubRepo(repo_id="org/any", variant="fp16"))),
          grpc.StatusCode.INVALID_ARGUMENT, "VARIANT_NOT_FOR_TRAINING"),
     ]
