@@ -134,3 +134,27 @@ def test_graphs_are_traced_in_the_context_the_calls_run_in(tmp_path):
         again = block(x)
     assert loaded.loaded == 1 and loaded.take_misses() == 0, loaded.how()
     assert torch.equal(again, out)
+
+
+def test_partially_checkpointed_blocks_keep_graphs_of_their_own_and_train_as_eager(tiny_models, examples,  # noqa: F811
+                                                                                  tmp_path):
+    """One block call in two checkpointed: the blocks run both inside a checkpoint (and again in its recompute)
+    and outside one. Their graphs, kept apart from every-block checkpointing's, cover every call of both jobs:
+    the first compiles and saves them, the second loads them, and both train as the eager job does."""
+    kw = {"steps": 3, "gradient_checkpointing": True, "checkpoint_interval": 2}
+    eager = run(config(tiny_models, examples, **kw)).state.losses
+    applied = []
+    for _ in range(2):
+        events = []
+        recipe = run(config(tiny_models, examples, compile=True, compile_backend="aot_eager", aot_dir=str(tmp_path),
+                            **kw), events)
+        records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+        assert [r["applied"] for r in records if "ran eagerly" in r["applied"]] == []
+        [record] = [r for r in records if r["control"] == "compile_ahead_of_time"]
+        applied.append(record["applied"])
+        assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+    assert "compiled and saved" in applied[0] and "loaded from disk" in applied[1], applied
+    every = run(config(tiny_models, examples, compile=True, compile_backend="aot_eager", aot_dir=str(tmp_path),
+                       **{**kw, "checkpoint_interval": 1}), events := [])
+    [record] = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "compile_ahead_of_time"]
+    assert "compiled and saved" in record["applied"] and every.compiled  # not the interval's graphs
