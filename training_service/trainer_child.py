@@ -138,8 +138,8 @@ def out_of_memory_advice(cfg, step: int, peak_bytes: int, total_bytes: int) -> s
     from training_service.precision_policy import StepShape, memory_relief
 
     where = f"at step {step + 1}" if step else "before the first step finished"
-    ideas = memory_relief(StepShape(cfg.resolution, cfg.batch_size, cfg.gradient_checkpointing, cfg.checkpoint_interval),
-                          nf4=cfg.precision == Precision.NF4)
+    shape = StepShape(cfg.resolution, cfg.batch_size, cfg.gradient_checkpointing, cfg.checkpoint_interval)
+    ideas = memory_relief(shape, nf4=cfg.precision == Precision.NF4)
     head = (f"out of GPU memory {where} (peak {peak_bytes / 2**30:.1f} of {total_bytes / 2**30:.1f} GiB; "
             "another process may hold the rest)")
     return head + (f"; try {', '.join(ideas)}" if ideas else "")

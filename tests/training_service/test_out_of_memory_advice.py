@@ -17,6 +17,8 @@ def cfg(**kw):
     (cfg(gradient_checkpointing=True, precision="nf4", resolution=512), 40, ["at step 41"],
      ["gradient_checkpointing", "NF4", "resolution", "; try"]),
     (cfg(batch_size=4, precision="nf4"), 3, ["batch_size 2"], ["NF4"]),
+    (cfg(gradient_checkpointing=True, checkpoint_interval=3, precision="nf4", resolution=512), 5,
+     ["; try gradient_checkpointing_interval 1 (every block checkpointed)"], ["gradient_checkpointing=true", "NF4"]),
 ])
 def test_advice_names_only_what_would_help(config, step, expected, absent):
     message = out_of_memory_advice(config, step, 70 * GiB, 80 * GiB)

@@ -156,5 +156,6 @@ def test_partially_checkpointed_blocks_keep_graphs_of_their_own_and_train_as_eag
     assert "compiled and saved" in applied[0] and "loaded from disk" in applied[1], applied
     every = run(config(tiny_models, examples, compile=True, compile_backend="aot_eager", aot_dir=str(tmp_path),
                        **{**kw, "checkpoint_interval": 1}), events := [])
-    [record] = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "compile_ahead_of_time"]
+    [record] = [r for k, d in events if k == "resolved" for r in d["resolved"]
+                if r["control"] == "compile_ahead_of_time"]
     assert "compiled and saved" in record["applied"] and every.compiled  # not the interval's graphs
