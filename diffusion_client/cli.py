@@ -208,9 +208,11 @@ def cmd_train(args) -> int:
                                      learning_rate=args.learning_rate, adapter_id=args.adapter_id,
                                      priority=args.priority, seed=args.seed,
                                      device_index=args.device).items() if v is not None}
+    if args.gradient_checkpointing is not None:
+        fields.update(gradient_checkpointing=True, gradient_checkpointing_interval=args.gradient_checkpointing)
     with Training(address(args, "training")) as client:
         job = client.start(args.family, local(args.base), local(args.data), args.prompt or "",
-                           base_precision=args.precision,
+                           base_precision=args.precision, speed_mode=args.speed,
                            **fields)
         if args.no_follow:
             if not out_json(args, job):
@@ -398,6 +400,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int)
     s.add_argument("--resolution", type=int)
     s.add_argument("--learning-rate", type=float)
+    s.add_argument("--speed", help="speed mode: off (eager, the default), default (compiled) or max")
+    s.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, metavar="N",
+                   help="checkpoint every block, or with N one block call in every N (more memory, fewer recomputed)")
     s.add_argument("--adapter-id")
     s.add_argument("--seed", type=int)
     s.add_argument("--priority", type=int)

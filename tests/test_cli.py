@@ -92,7 +92,8 @@ def test_train_follows_to_succeeded_and_reattaches_after_a_dropped_connection(se
         proc = subprocess.Popen(
             [sys.executable, "-m", "diffusion_client", f"--training={proxy.address}", "--json", "train",
              "--family", "zimage", "--base", str(tiny_models["zimage"]), "--data", str(services["data"]),
-             "--prompt", "a square", "--steps", "40", "--rank", "4", "--resolution", "64", "--seed", "1"],
+             "--prompt", "a square", "--steps", "40", "--rank", "4", "--resolution", "64", "--seed", "1",
+             "--gradient-checkpointing", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         events, cut = [], False
         for line in proc.stdout:
@@ -109,6 +110,8 @@ def test_train_follows_to_succeeded_and_reattaches_after_a_dropped_connection(se
     assert sequences == list(range(1, len(sequences) + 1))  # nothing lost, nothing twice
     assert events[-1]["finished"]["state"] == "TRAINING_JOB_STATE_SUCCEEDED"
     assert [e["step"]["step"] for e in events if "step" in e] == list(range(1, 41))
+    applied = {r["control"]: r["applied"] for r in events[0]["resolved"]["resolved"]}
+    assert applied["gradient_checkpointing"] == "true (1 block call in every 2)"
     jobs = cli(services, "jobs")
     assert "succeeded" in jobs.stdout and cli(services, "adapters").returncode == 0
 
