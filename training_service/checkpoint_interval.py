@@ -31,6 +31,9 @@ class EveryNthBlockCall:
     checkpoints (a U-Net's blocks each hold it), and the model's forward restarts the count."""
 
     def __init__(self, interval: int):
+        from torch.utils.checkpoint import checkpoint  # here: the service plans jobs without importing torch
+
+        self._checkpoint = checkpoint
         self.interval = interval
         self.calls = 0  # block calls in the current forward
         self.checkpointed = 0  # of them, checkpointed
@@ -40,10 +43,8 @@ class EveryNthBlockCall:
         self.calls += 1
         if index % self.interval:
             return block(*args)
-        from torch.utils.checkpoint import checkpoint  # here: the service plans jobs without importing torch
-
         self.checkpointed += 1
-        return checkpoint(block.__call__, *args, use_reentrant=False)
+        return self._checkpoint(block.__call__, *args, use_reentrant=False)
 
     def restart(self, *_) -> None:
         self.calls = self.checkpointed = 0
