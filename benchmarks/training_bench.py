@@ -193,6 +193,8 @@ def main() -> None:
                    help="the service's --aot-blocks, on as by default: the first compiled mode compiles and saves "
                         "the blocks' graphs, later ones (the -warm modes) load them (--no-aot-blocks: every "
                         "compiled mode traces the blocks with the regular compile)")
+    p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
+                   help="the service's --warm-trainer: trainers forked from a warm process, or started fresh")
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
     p.add_argument("--baseline-probe", type=Path,
@@ -213,7 +215,8 @@ def main() -> None:
                             str(args.workdir / "out"), "--adapter-store", str(args.workdir / "adapters"),
                             "--compile-cache-dir", str(args.workdir / "compile-cache"),
                             "--model-root", str(args.workdir), "--dataset-root", str(args.workdir),
-                            "--aot-blocks" if args.aot_blocks else "--no-aot-blocks", timeout=300)
+                            "--aot-blocks" if args.aot_blocks else "--no-aot-blocks",
+                            "--warm-trainer" if args.warm_trainer else "--no-warm-trainer", timeout=300)
     channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
     try:
