@@ -32,49 +32,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from benchmarks.bench_record import Recorder, host_description
 from benchmarks.training_bench import CAPTION, RESOLUTION, ensure_base, make_dataset
+from training_service.step_trace import Trace, summarize
 
 
 def _sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize",
-              "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::to", "aten::copy_")
-
-
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")
-ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
-
-
-def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str, float], tuple[str, ...]]:
-    """From (operator, CUDA time it launched itself, us) pairs of a profile over `steps` steps: the GEMM and SDPA
-    kernels' milliseconds per step, and which fused SDPA kernels ran (the names of training_service's pins), so a
-    pin that did not take is seen in the rows, not only in the tables."""
-    gemm = sum(us for op, us in ops if op in GEMM_OPS)
-    ran = {name: sum(us for op, us in ops if op.startswith("aten::") and marker in op)
-           for name, marker in ATTENTION_KERNELS.items()}
-    ms = {"gemm_kernel_ms_per_step": gemm / 1e3 / steps,
-          "attention_kernel_ms_per_step": sum(ran.values()) / 1e3 / steps}
-    return ms, tuple(name for name, us in ran.items() if us > 0)
-
-
-@dataclass(frozen=True)
-class Trace:
-    """What a profiler trace of a few steps says, per step."""
-    busy_share: float  # CUDA kernel time over wall time
-    calls: dict[str, float]  # HOST_CALLS counts
-    kernel_ms: float
-    gemm_ms: float
-    attention_ms: float
-    attention_ran: tuple[str, ...]
 
 
 def gpu_busy_share(fn, steps: int, table: Path | None = None) -> Trace | None:
@@ -92,16 +61,7 @@ def gpu_busy_share(fn, steps: int, table: Path | None = None) -> Trace | None:
             fn()
         _sync()
         wall = time.perf_counter() - t0
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
-    averages = prof.key_averages()
-    ms, ran = kernel_breakdown([(e.key, e.self_device_time_total) for e in averages], steps)
-    if table is not None:
-        table.parent.mkdir(parents=True, exist_ok=True)
-        table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" +
-                         averages.table(sort_by="self_device_time_total", row_limit=25))
-    return Trace(busy_us / 1e6 / wall, {e.key: e.count / steps for e in averages if e.key in HOST_CALLS},
-                 busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran)
+    return summarize(prof, steps, wall, table)
 
 
 def trace_rows(name: str, trace: Trace, pinned: tuple[str, ...], replayed: bool) -> list[tuple]:

@@ -13,6 +13,7 @@ loss. One JSON object per figure, appended as soon as it is measured.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -26,6 +27,7 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from training_service.step_trace import parse_window
 
 FAMILY = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1}
 RESOLUTION = {"zimage": 768, "flux1": 512}
@@ -92,7 +94,7 @@ def make_dataset(directory: Path, resolution: int, n: int = 4) -> Path:
     return directory
 
 
-def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, timeout_s, jobs_dir):
+def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, timeout_s, jobs_dir, trace=None):
     req = pb.StartTrainingRequest(family=FAMILY[family], base=c.ModelSource(local_dir=str(base_dir)),
                                   dataset=pb.Dataset(image_dir=str(data_dir)), rank=16, steps=steps,
                                   resolution=resolution, seed=0, adapter_id=f"bench-{family}-{mode}-{int(time.time())}",
@@ -131,6 +133,12 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
     if not steps_seen:
         return
     first = steps_seen[0]
+    traced = steps_seen[trace[0] - 1:trace[0] - 1 + trace[1]] if trace else []
+    if traced:  # the traced steps ran slower: the rate is the steps before them
+        steps_seen, timed_note = steps_seen[:trace[0] - 1], {"note": f"steps before the traced {trace[0]}-"
+                                                                      f"{traced[-1].step}"}
+    else:
+        timed_note = {}
     record(mode, "setup_s", first_step_at - t0 - first.elapsed.ToNanoseconds() / 1e9, "s")
     record(mode, "first_step_s", first.elapsed.ToNanoseconds() / 1e9, "s")
     record(mode, "start_to_first_step_s", first_step_at - t0, "s",
@@ -142,10 +150,30 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
         elapsed = [s.elapsed.ToNanoseconds() / 1e6 for s in steps_seen]
         step_ms = [round(b - a, 1) for a, b in zip(elapsed, elapsed[1:])]  # a recompile or a slow step shows here
         record(mode, "steps_per_s", 1 / per_step, "steps/s", batch=1, step_ms=step_ms,
-               median_step_ms=statistics.median(step_ms[skip:]))
+               median_step_ms=statistics.median(step_ms[skip:]), **timed_note)
+    summary = jobs_dir / job_id / "trace" / "summary.json"
+    if traced and summary.is_file():
+        record_trace(record, mode, json.loads(summary.read_text()), summary.parent / "ops.txt")
     record(mode, "peak_memory_gib", max(s.peak_memory_bytes for s in steps_seen) / 2**30, "GiB")
     record(mode, "last_loss", steps_seen[-1].loss, "", finite=all(s.loss == s.loss for s in steps_seen),
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
+
+
+def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
+    """The rows of the job's own profile of its traced steps (the service's --trace-steps, step_trace)."""
+    where = f"steps {summary['first_step']}-{summary['first_step'] + summary['steps'] - 1} under torch.profiler"
+    record(mode, "traced_step_ms", statistics.median(summary["step_wall_ms"]), "ms", note=where,
+           step_wall_ms=summary["step_wall_ms"])
+    record(mode, "gpu_busy_share", summary["busy_share"], "fraction", note="CUDA kernel time over wall time")
+    for key in ("kernel_ms", "gemm_ms", "attention_ms"):
+        record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms")
+    record(mode, "attention_kernels_ran", ",".join(summary["attention_ran"]) or "none", "kernels")
+    for call, per_step in sorted(summary["calls"].items()):
+        record(mode, f"{call}_per_step", per_step, "calls")
+    if ops.is_file() and record.out is not None:
+        ops_copy = record.out.with_name(f"{record.out.stem}-{mode}-ops.txt")
+        ops_copy.write_text(ops.read_text())
+        print(f"{mode}: the profiler's busiest operators in {ops_copy}", flush=True)
 
 
 BASELINE_VARIANTS = {"eager": {"NO_COMPILE": "1"}, "compiled": {}, "nf4": {"NF4": "1"}}
@@ -195,6 +223,9 @@ def main() -> None:
                         "compiled mode traces the blocks with the regular compile)")
     p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
                    help="the service's --warm-trainer: trainers forked from a warm process, or started fresh")
+    p.add_argument("--trace-steps", metavar="FIRST:COUNT",
+                   help="the service's --trace-steps: each job profiles these steps, the rows say where their time "
+                        "went, and steps/s is taken over the steps before them")
     p.add_argument("--tiny", action="store_true", help="the tiny pipeline: a quick check of every code path")
     p.add_argument("--no-broker", action="store_true", help="train without a lease (a CPU host has none to give)")
     p.add_argument("--baseline-probe", type=Path,
@@ -216,7 +247,8 @@ def main() -> None:
                             "--compile-cache-dir", str(args.workdir / "compile-cache"),
                             "--model-root", str(args.workdir), "--dataset-root", str(args.workdir),
                             "--aot-blocks" if args.aot_blocks else "--no-aot-blocks",
-                            "--warm-trainer" if args.warm_trainer else "--no-warm-trainer", timeout=300)
+                            "--warm-trainer" if args.warm_trainer else "--no-warm-trainer",
+                            *(("--trace-steps", args.trace_steps) if args.trace_steps else ()), timeout=300)
     channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
     try:
@@ -227,7 +259,8 @@ def main() -> None:
                 continue
             print(f"--- {mode}", flush=True)
             run_mode(stub, record, mode, args.family, base_dir, data_dir, args.steps, resolution,
-                     min(args.job_timeout, left), args.workdir / "out" / "jobs")
+                     min(args.job_timeout, left), args.workdir / "out" / "jobs",
+                     parse_window(args.trace_steps) if args.trace_steps else None)
     finally:
         channel.close()
         service.stop()

@@ -46,7 +46,7 @@ def test_step_profile_records_the_three_loops_on_graphs_compiled_then_loaded(tmp
     ([("aten::bmm", 800.0), ("aten::_softmax", 100.0)], (0.4, 0.0), ()),
 ])
 def test_kernel_breakdown(ops, ms, ran):
-    from benchmarks.step_profile import kernel_breakdown
+    from training_service.step_trace import kernel_breakdown
 
     per_step, kernels = kernel_breakdown(ops, steps=2)
     assert (per_step["gemm_kernel_ms_per_step"], per_step["attention_kernel_ms_per_step"]) == pytest.approx(ms)
@@ -60,7 +60,8 @@ def test_kernel_breakdown(ops, ms, ran):
     ((), ("flash", "efficient"), True, None, None),  # replayed graphs: kernels have no owner, nothing said
 ])
 def test_trace_rows_say_which_kernels_ran_and_flag_a_pin_that_did_not(ran, pinned, replayed, said, not_honoured):
-    from benchmarks.step_profile import Trace, trace_rows
+    from benchmarks.step_profile import trace_rows
+    from training_service.step_trace import Trace
 
     trace = Trace(0.9, {"aten::item": 2.0}, 140.0, 80.0, 40.0 if ran else 0.0, ran)
     rows = {metric: value for metric, value, _unit, _note in trace_rows("bare", trace, pinned, replayed)}

@@ -26,6 +26,15 @@ def non_negative(text: str) -> float:
     return value
 
 
+def trace_window(text: str) -> tuple[int, int]:
+    from training_service.step_trace import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m training_service", description="The training service over gRPC.")
     p.add_argument("--listen", required=True, type=parse_listen, help="HOST:PORT to serve on; port 0 picks a free one")
@@ -59,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-minutes", type=non_negative, default=10.0, metavar="MINUTES",
                    help="every job also checkpoints when this long has passed since its last save, so a crash "
                         "loses at most this much training (0: only what the request's checkpoint_every asks)")
+    p.add_argument("--trace-steps", type=trace_window, metavar="FIRST:COUNT",
+                   help="run steps FIRST to FIRST+COUNT-1 of every job under torch.profiler and keep the trace and "
+                        "its summary in the job folder's trace/ (where a job's step time goes); those steps run "
+                        "slower, and the job's record says which they were")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
@@ -94,7 +107,8 @@ async def _main(args: argparse.Namespace, security, broker_security, warm_traine
                                                     "--model-root"),
                                            Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
                                                     "--dataset-root"), security, warm_trainer,
-                                           args.compile_cache_dir / "aot-blocks" if args.aot_blocks else None)
+                                           args.compile_cache_dir / "aot-blocks" if args.aot_blocks else None,
+                                           args.trace_steps)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))

@@ -32,13 +32,14 @@ class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
                  compile_backend: str = "inductor", checkpoint_minutes: float = 10.0,
                  encode_cache_dir: Path | None = None, launcher: TrainerLauncher | None = None,
-                 aot_dir: Path | None = None):
+                 aot_dir: Path | None = None, trace_steps: tuple[int, int] | None = None):
         self.store = store
         self.launcher = launcher or TrainerLauncher()
         self.encode_cache_dir = encode_cache_dir  # text encodings and latents shared by the jobs; None off
         self.checkpoint_minutes = checkpoint_minutes  # the safety net under every job, whatever it asks
         self.compile_backend = compile_backend
         self.aot_dir = aot_dir  # where compiled jobs keep the blocks' graphs compiled ahead of time; None off
+        self.trace_steps = trace_steps  # (first, count): every job's steps run under the profiler (step_trace)
         self.adapter_store_root = adapter_store_root
         self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
         self.client_id = client_id
@@ -64,7 +65,7 @@ class JobManager:
         recipe = replace(plan.recipe, adapter_id=adapter_id, adapter_store=str(self.adapter_store_root),
                          owner=caller.identity, checkpoint_minutes=self.checkpoint_minutes,
                          compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""),
-                         aot_dir=str(self.aot_dir or ""))
+                         aot_dir=str(self.aot_dir or ""), trace_steps=list(self.trace_steps or ()))
         if plan.resume_job_id:
             recipe = replace(recipe, resume_from=str(self._resumable_checkpoint(plan.resume_job_id, recipe, caller)))
         record = self.store.create(JobRecord(job_id, plan.family.key, plan.request_json, total_steps=recipe.steps,

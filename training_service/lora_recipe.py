@@ -32,6 +32,7 @@ from training_service.encode_cache import EncodeCache, component_id, file_finger
 from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
+from training_service.step_trace import StepTracer
 from training_service.attention_choice import compile_cache_tag, sdpa_backends, training_attention
 
 log = logging.getLogger("training_service.lora_recipe")
@@ -409,14 +410,16 @@ class LoraRecipe:
 
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
               sample_dir: Path | None = None, until_step: int | None = None,
-              pause: Callable[[int, str], float] | None = None) -> RunState:
+              pause: Callable[[int, str], float] | None = None, trace_dir: Path | None = None) -> RunState:
         """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where)`
         runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
-        yielded to inference) and returns the seconds it waited."""
+        yielded to inference) and returns the seconds it waited. With cfg.trace_steps, those steps run under the
+        profiler and `trace_dir` gets what it saw (step_trace)."""
         device = self.cfg.device
         last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
+        tracer = self._tracer(trace_dir, last)
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
         yielded = 0.0
@@ -425,6 +428,8 @@ class LoraRecipe:
                 yielded += pause(self.state.step, "between steps")
                 if should_stop():
                     break
+            if tracer:
+                tracer.before(self.state.step)
             t0 = time.perf_counter()
             if self.compiled and self.cfg.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
@@ -465,6 +470,8 @@ class LoraRecipe:
                 self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
                 float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
                 per_step * (self.cfg.steps - self.state.step), yielded)))
+            if tracer:
+                tracer.after(self.state.step)
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
             if checkpoint_dir and ((every and self.state.step % every == 0)
                                    or (minutes and time.perf_counter() - last_saved >= minutes * 60)):
@@ -472,7 +479,28 @@ class LoraRecipe:
                 last_saved = time.perf_counter()
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
                 self.render_samples(sample_dir)
+        if tracer:
+            tracer.finish()  # stopped inside the window: what it saw
         return self.state
+
+    def _tracer(self, trace_dir: Path | None, last: int) -> StepTracer | None:
+        """The profiler over cfg.trace_steps, said in the job's record: those steps run slower than the others."""
+        if not (self.cfg.trace_steps and trace_dir):
+            return None
+        first, count = self.cfg.trace_steps
+        asked = f"steps {first}-{first + count - 1}"
+        if first <= self.state.step or first > last:
+            self.emit("resolved", {"resolved": [Resolved(
+                "step_trace", asked, "none", Source.EXPLICIT, Status.FELL_BACK,
+                f"this run trains steps {self.state.step + 1}-{last}, outside the window").to_dict()]})
+            return None
+        count = min(count, last - first + 1)  # the run ends inside the window
+        self.emit("resolved", {"resolved": [Resolved(
+            "step_trace", asked, f"steps {first}-{first + count - 1} under torch.profiler, kept in the job folder's "
+            "trace/", Source.EXPLICIT,
+            reason="the service's --trace-steps; traced steps run slower than the others").to_dict()]})
+        return StepTracer((first, count), trace_dir, self.cfg.device,
+                          say=lambda what: log.info(what, extra={"fields": {"event": "training.step_trace"}}))
 
     def _stop_compiling(self, error: BaseException) -> None:
         """The compiler failed on the denoiser's blocks (the first step traces them): the blocks run their own

@@ -38,6 +38,7 @@ class RecipeConfig:
     attention: list[str] = field(default_factory=list)  # SDPA kernels pinned, in order (attention_choice)
     cuda_graphs: bool = False  # compiled runs: the blocks replay as CUDA graphs, static shapes (graph_choice)
     aot_dir: str = ""  # compiled runs: where the blocks' training graphs are kept across jobs (aot_blocks); "" off
+    trace_steps: list[int] = field(default_factory=list)  # [first, count]: steps run under the profiler (step_trace)
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0  # also save when this much time passed since the last save; 0 off
     sample_every: int = 0

@@ -11,11 +11,13 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
                                  client_id: str = "training-0", compile_backend: str = "inductor",
                                  drain_timeout_s: float = 120.0, checkpoint_minutes: float = 10.0,
                                  probe_free_memory=None, model_roots=None, dataset_roots=None,
-                                 security=None, warm_trainer=None, aot_dir=None) -> RunningServer:
+                                 security=None, warm_trainer=None, aot_dir=None,
+                                 trace_steps=None) -> RunningServer:
     """`model_roots` and `dataset_roots` (diffusion_kit.path_roots.Roots) confine what requests may read;
     `security` is the server's tokens and TLS (service_kit.security.ServerSecurity); `warm_trainer` is what
     trainer_launcher.fork_warm_trainer returned (None: trainers start fresh); `aot_dir` is where compiled jobs keep
-    the blocks' graphs compiled ahead of time (None: each job traces them)."""
+    the blocks' graphs compiled ahead of time (None: each job traces them); `trace_steps` (first, count) are the
+    steps of every job that run under the profiler (training_service.step_trace; None: none)."""
     from training_service.job_store import JobStore
     from training_service.jobs import JobManager
     from training_service.request_rules import RULES
@@ -24,7 +26,7 @@ async def create_training_server(listen: str, caps, output_root, adapter_store_r
 
     jobs = JobManager(JobStore(output_root / "jobs"), adapter_store_root, broker, client_id, compile_backend,
                       checkpoint_minutes, encode_cache_dir=output_root / "encode-cache",
-                      launcher=TrainerLauncher(warm_trainer), aot_dir=aot_dir)
+                      launcher=TrainerLauncher(warm_trainer), aot_dir=aot_dir, trace_steps=trace_steps)
 
     def register(server):
         servicer = TrainingServicer(caps, output_root, jobs, probe_free_memory, model_roots, dataset_roots)

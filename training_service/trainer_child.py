@@ -95,7 +95,7 @@ def main(job_dir: Path) -> int:
     else:
         emit("phase", {"phase": "training"})
     recipe.train(should_stop=lambda: "mode" in stop, checkpoint_dir=job_dir / "checkpoint",
-                 sample_dir=job_dir / "samples", pause=gate)
+                 sample_dir=job_dir / "samples", pause=gate, trace_dir=job_dir / "trace")
     steps = recipe.state.step
     if stop.get("mode") != "discard" and recipe.checkpointed_step != steps:
         recipe.save_checkpoint(job_dir / "checkpoint")  # a stopped or finished run can be continued

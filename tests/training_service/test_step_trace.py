@@ -1,0 +1,64 @@
+"""The service's --trace-steps: a window of every job's steps runs under torch.profiler, the job folder keeps the
+trace and its summary, and the job's record says which steps were traced."""
+import gzip
+import json
+
+import grpc
+import pytest
+
+from diffusion.v1 import common_pb2 as c
+from diffusion.v1 import training_pb2 as pb
+from diffusion.v1 import training_pb2_grpc
+from service_kit.server_runtime import CLIENT_OPTIONS
+from service_kit.service_process import start_service
+from tests.service_flags import TRAINING_ROOTS
+from tests.training_service.jobs_helper import request
+from training_service.step_trace import MAX_TRACED, parse_window
+
+
+@pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
+def test_a_window_reads_as_first_step_and_count(text, window):
+    assert parse_window(text) == window
+
+
+@pytest.mark.parametrize("text", ["6", "6:4:1", "a:b", "0:3", "3:0", f"3:{MAX_TRACED + 1}", "-1:2", ":", "6:"])
+def test_a_window_that_is_not_first_and_count_is_refused(text):
+    with pytest.raises(ValueError, match="--trace-steps"):
+        parse_window(text)
+
+
+def test_the_service_refuses_a_bad_window_at_start(capsys):
+    from training_service.__main__ import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--listen", "127.0.0.1:0", "--trace-steps", "0:2"])
+    assert "counts steps from 1" in capsys.readouterr().err
+
+
+def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_path):
+    out = tmp_path / "out"
+    proc = start_service("training_service", *TRAINING_ROOTS, "--output-dir", str(out),
+                         "--adapter-store", str(tmp_path / "adapters"), "--trace-steps", "2:5", timeout=180)
+    channel = grpc.insecure_channel(proc.address, options=CLIENT_OPTIONS)
+    stub = training_pb2_grpc.TrainingServiceStub(channel)
+    try:
+        job_id = stub.StartTraining(request(tiny_models, dirs, steps=3, adapter_id="traced")).job_id
+        events = list(stub.WatchTraining(pb.WatchTrainingRequest(job_id=job_id), timeout=300))
+    finally:
+        channel.close()
+        proc.stop()
+    assert events[-1].finished.state == pb.TRAINING_JOB_STATE_SUCCEEDED, events[-1].finished.message
+    assert [e.step.step for e in events if e.WhichOneof("event") == "step"] == [1, 2, 3]
+    [record] = [r for e in events if e.WhichOneof("event") == "resolved" for r in e.resolved.resolved
+                if r.control == "step_trace"]
+    # the window ran past the job's last step: it traced the steps there were
+    assert (record.requested, record.status) == ("steps 2-6", c.SETTING_STATUS_APPLIED)
+    assert record.applied.startswith("steps 2-3 under torch.profiler"), record
+    trace = out / "jobs" / job_id / "trace"
+    summary = json.loads((trace / "summary.json").read_text())
+    assert (summary["first_step"], summary["steps"], summary["device"]) == (2, 2, "cpu")
+    assert len(summary["step_wall_ms"]) == 2 and all(ms > 0 for ms in summary["step_wall_ms"])
+    assert summary["kernel_ms"] == 0 and summary["busy_share"] == 0  # no GPU: host time only
+    assert "aten::" in (trace / "ops.txt").read_text()
+    events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events_traced)

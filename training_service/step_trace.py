@@ -1,0 +1,136 @@
+"""Which of a job's steps run under torch.profiler, and what is kept of them: where a service job's step time goes.
+
+An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, steps FIRST to FIRST + COUNT - 1
+(numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
+`summary.json` (per step: wall milliseconds, the share of it CUDA kernels ran, kernel, GEMM and attention
+milliseconds, which fused SDPA kernels ran, and the host calls that launch, copy or wait), `ops.txt` (the busiest
+operators by host and by device time) and `trace.json.gz` (the Chrome trace). Traced steps run slower than the
+others (the profiler's own host work), so the job's record says which steps were traced.
+
+The summary is what benchmarks/step_profile computes of its bare loops, so a job's step and a bare loop's compare.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaEventSynchronize",
+              "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::to", "aten::copy_")
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")
+ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
+MAX_TRACED = 50  # steps one window may trace: a trace holds every kernel of every step
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """`FIRST:COUNT` as (first step, steps), for the service's flag; ValueError says what is wrong."""
+    parts = text.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--trace-steps is FIRST:COUNT (two whole numbers, e.g. 6:4), got {text!r}")
+    first, count = int(parts[0]), int(parts[1])
+    if first < 1 or not 1 <= count <= MAX_TRACED:
+        raise ValueError(f"--trace-steps counts steps from 1 and traces 1 to {MAX_TRACED} of them, got {text!r}")
+    return first, count
+
+
+def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str, float], tuple[str, ...]]:
+    """From (operator, CUDA time it launched itself, us) pairs of a profile over `steps` steps: the GEMM and SDPA
+    kernels' milliseconds per step, and which fused SDPA kernels ran (the names of training_service's pins), so a
+    pin that did not take is seen in the rows, not only in the tables."""
+    gemm = sum(us for op, us in ops if op in GEMM_OPS)
+    ran = {name: sum(us for op, us in ops if op.startswith("aten::") and marker in op)
+           for name, marker in ATTENTION_KERNELS.items()}
+    ms = {"gemm_kernel_ms_per_step": gemm / 1e3 / steps,
+          "attention_kernel_ms_per_step": sum(ran.values()) / 1e3 / steps}
+    return ms, tuple(name for name, us in ran.items() if us > 0)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """What a profiler trace of a few steps says, per step."""
+    busy_share: float  # CUDA kernel time over wall time
+    calls: dict[str, float]  # HOST_CALLS counts
+    kernel_ms: float
+    gemm_ms: float
+    attention_ms: float
+    attention_ran: tuple[str, ...]
+
+
+def summarize(prof, steps: int, wall_s: float, table: Path | None = None) -> Trace:
+    """The Trace of a finished torch.profiler `prof` that covered `steps` steps in `wall_s` seconds. `table` gets
+    the profiler's busiest operators, by host time and by device time."""
+    import torch
+
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
+    averages = prof.key_averages()
+    ms, ran = kernel_breakdown([(e.key, e.self_device_time_total) for e in averages], steps)
+    if table is not None:
+        table.parent.mkdir(parents=True, exist_ok=True)
+        by_device = averages.table(sort_by="self_device_time_total", row_limit=25) if kernels else ""
+        table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" + by_device)
+    return Trace(busy_us / 1e6 / wall_s, {e.key: e.count / steps for e in averages if e.key in HOST_CALLS},
+                 busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran)
+
+
+class StepTracer:
+    """The recipe's loop calls `before(done)` ahead of each step (`done`: steps finished so far) and `after(done)`
+    once it has finished one; the window's first step starts the profiler and its last writes `directory`."""
+
+    def __init__(self, window: tuple[int, int], directory: Path, device: str,
+                 say: Callable[[str], None] = lambda _: None):
+        self.first, self.count = window
+        self.directory = Path(directory)
+        self.cuda = device.startswith("cuda")
+        self.say = say  # told once the trace is written (the job's log)
+        self._prof = None
+        self._started = 0.0
+        self._marks: list[float] = []
+        self.summary: dict | None = None  # once written
+
+    def _sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def before(self, done: int) -> None:
+        if done + 1 != self.first or self._prof is not None or self.summary is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        self._sync()
+        self._prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+        self._prof.__enter__()
+        self._started = time.perf_counter()
+        self._marks = [self._started]
+
+    def after(self, done: int) -> None:
+        if self._prof is None:
+            return
+        self._sync()
+        self._marks.append(time.perf_counter())
+        if done >= self.first + self.count - 1:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stops the profiler, and writes what it saw of the steps that finished under it (the run may stop inside
+        the window)."""
+        if self._prof is None:
+            return
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        steps = len(self._marks) - 1
+        if not steps:
+            return
+        wall = self._marks[-1] - self._started
+        self.directory.mkdir(parents=True, exist_ok=True)
+        trace = summarize(prof, steps, wall, self.directory / "ops.txt")
+        prof.export_chrome_trace(str(self.directory / "trace.json.gz"))
+        self.summary = {"first_step": self.first, "steps": steps, "device": "cuda" if self.cuda else "cpu",
+                        "step_wall_ms": [round((b - a) * 1e3, 2) for a, b in zip(self._marks, self._marks[1:])],
+                        **asdict(trace)}
+        (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
+        self.say(f"steps {self.first}-{self.first + steps - 1} traced into {self.directory}")
