@@ -155,6 +155,8 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
     if traced and summary.is_file():
         record_trace(record, mode, json.loads(summary.read_text()), summary.parent / "ops.txt")
     record(mode, "peak_memory_gib", max(s.peak_memory_bytes for s in steps_seen) / 2**30, "GiB")
+    record(mode, "peak_reserved_gib", max(s.peak_reserved_bytes for s in steps_seen) / 2**30, "GiB",
+           lease=resolved.get("gpu_memory", ""), note="what the trainer's allocator held: what the lease covers")
     record(mode, "last_loss", steps_seen[-1].loss, "", finite=all(s.loss == s.loss for s in steps_seen),
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
 

@@ -52,6 +52,7 @@ def watch_response(job_id: str, event: dict) -> pb.WatchTrainingResponse:
         step.elapsed.CopyFrom(duration(data.get("elapsed_s", 0)))
         step.eta.CopyFrom(duration(data.get("eta_s", 0)))
         step.yielded.CopyFrom(duration(data.get("yielded_s", 0)))
+        step.peak_reserved_bytes = data.get("peak_reserved_bytes", 0)  # absent from jobs logged before it existed
     elif kind == "sample":
         msg.sample.step, msg.sample.prompt = data["step"], data["prompt"]
         msg.sample.png = _read(data["path"])

@@ -62,6 +62,7 @@ class StepReport:
     elapsed_s: float
     eta_s: float
     yielded_s: float = 0.0  # of elapsed_s, paused for inference on this GPU (training_service.gpu_yield)
+    peak_reserved_bytes: int = 0  # what the allocator held at most (tensors and its cache): what the lease covers
 
 
 @dataclass
@@ -465,11 +466,12 @@ class LoraRecipe:
             now = time.perf_counter()
             window = self.state.losses[-20:]
             peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+            reserved = torch.cuda.max_memory_reserved() if device.startswith("cuda") else 0
             per_step = (now - started - yielded) / (self.state.step - first_step)
             self.emit("step", asdict(StepReport(
                 self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
                 float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
-                per_step * (self.cfg.steps - self.state.step), yielded)))
+                per_step * (self.cfg.steps - self.state.step), yielded, reserved)))
             if tracer:
                 tracer.after(self.state.step)
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes

@@ -10,6 +10,8 @@ STEP_RATE = Gauge("diffusion_training_steps_per_second", "Steps per second of th
 SAMPLES_RATE = Gauge("diffusion_training_samples_per_second", "Images per second of the last step, by family",
                      ["family"])
 PEAK_BYTES = Gauge("diffusion_training_peak_device_bytes", "Peak device memory of the last step, by family", ["family"])
+PEAK_RESERVED = Gauge("diffusion_training_peak_reserved_device_bytes",
+                      "Peak device memory the trainer's allocator held (tensors and its cache), by family", ["family"])
 SUSPENDED = Counter("diffusion_training_suspensions_total", "Jobs suspended (preempted, lease lost, drain)")
 YIELDED = Counter("diffusion_training_yielded_seconds_total",
                   "Seconds training paused between steps for inference busy on its GPU", ["family"])
@@ -56,6 +58,7 @@ def step(family: str, data: dict, job_id: str = "") -> None:
         STEP_RATE.labels(family).set(data["step"] / data["elapsed_s"])
     SAMPLES_RATE.labels(family).set(data.get("samples_per_s", 0.0))
     PEAK_BYTES.labels(family).set(data.get("peak_memory_bytes", 0))
+    PEAK_RESERVED.labels(family).set(data.get("peak_reserved_bytes", 0))
 
 
 def job_ended(job_id: str) -> None:

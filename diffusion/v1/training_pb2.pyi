@@ -250,7 +250,7 @@ class TrainingPhaseChanged(_message.Message):
     def __init__(self, phase: _Optional[_Union[TrainingPhase, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class TrainingStep(_message.Message):
-    __slots__ = ("step", "total_steps", "loss", "avg_loss", "learning_rate", "grad_norm", "samples_per_second", "peak_memory_bytes", "elapsed", "eta", "yielded")
+    __slots__ = ("step", "total_steps", "loss", "avg_loss", "learning_rate", "grad_norm", "samples_per_second", "peak_memory_bytes", "elapsed", "eta", "yielded", "peak_reserved_bytes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class TrainingStep(_message.Message):
     ELAPSED_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
     YIELDED_FIELD_NUMBER: _ClassVar[int]
+    PEAK_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     step: int
     total_steps: int
     loss: float
@@ -273,7 +274,8 @@ class TrainingStep(_message.Message):
     elapsed: _duration_pb2.Duration
     eta: _duration_pb2.Duration
     yielded: _duration_pb2.Duration
-    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., avg_loss: _Optional[float] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., yielded: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    peak_reserved_bytes: int
+    def __init__(self, step: _Optional[int] = ..., total_steps: _Optional[int] = ..., loss: _Optional[float] = ..., avg_loss: _Optional[float] = ..., learning_rate: _Optional[float] = ..., grad_norm: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., elapsed: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., eta: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., yielded: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., peak_reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckpointSaved(_message.Message):
     __slots__ = ("step", "path")

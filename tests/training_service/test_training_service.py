@@ -184,3 +184,14 @@ def test_auto_and_the_memory_note_read_free_memory_at_each_request(tmp_path):
     assert flux().recommended_precision == c.PRECISION_BF16 and "139.0 GiB free" in flux().memory_note
     free["now"] = 20 * gib  # an inference model is resident now
     assert flux().recommended_precision == c.PRECISION_NF4 and "20.0 GiB free" in flux().memory_note
+
+
+@pytest.mark.parametrize("logged, reserved", [({"peak_reserved_bytes": 7 * 2**30}, 7 * 2**30), ({}, 0)])
+def test_a_step_says_what_the_allocator_held_and_older_logs_read_as_none(logged, reserved):
+    """peak_reserved_bytes is what a job's lease covers; a job logged before the field existed streams 0."""
+    from training_service import convert
+
+    data = {"step": 3, "total": 10, "loss": 0.5, "avg_loss": 0.6, "lr": 1e-4, "grad_norm": 1.0, "samples_per_s": 2.0,
+            "peak_memory_bytes": 5 * 2**30, "elapsed_s": 1.5, "eta_s": 3.5, **logged}
+    msg = convert.watch_response("job-1", {"sequence": 4, "time": 0.0, "kind": "step", "data": data})
+    assert (msg.step.step, msg.step.peak_memory_bytes, msg.step.peak_reserved_bytes) == (3, 5 * 2**30, reserved)
