@@ -134,20 +134,17 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
         return
     first = steps_seen[0]
     traced = steps_seen[trace[0] - 1:trace[0] - 1 + trace[1]] if trace else []
-    if traced:  # the traced steps ran slower: the rate is the steps before them
-        steps_seen, timed_note = steps_seen[:trace[0] - 1], {"note": f"steps before the traced {trace[0]}-"
-                                                                      f"{traced[-1].step}"}
-    else:
-        timed_note = {}
+    timed = steps_seen[:trace[0] - 1] if traced else steps_seen  # the traced steps ran slower: the rate is before
+    timed_note = {"note": f"steps before the traced {trace[0]}-{traced[-1].step}"} if traced else {}
     record(mode, "setup_s", first_step_at - t0 - first.elapsed.ToNanoseconds() / 1e9, "s")
     record(mode, "first_step_s", first.elapsed.ToNanoseconds() / 1e9, "s")
     record(mode, "start_to_first_step_s", first_step_at - t0, "s",
            note="StartTraining to the first step's event: setup, any ahead-of-time graph load, and the first step")
-    skip = min(5, len(steps_seen) - 2)
+    skip = min(5, len(timed) - 2)
     if skip >= 1:
-        a, b = steps_seen[skip], steps_seen[-1]
+        a, b = timed[skip], timed[-1]
         per_step = (b.elapsed.ToNanoseconds() - a.elapsed.ToNanoseconds()) / 1e9 / (b.step - a.step)
-        elapsed = [s.elapsed.ToNanoseconds() / 1e6 for s in steps_seen]
+        elapsed = [s.elapsed.ToNanoseconds() / 1e6 for s in timed]
         step_ms = [round(b - a, 1) for a, b in zip(elapsed, elapsed[1:])]  # a recompile or a slow step shows here
         record(mode, "steps_per_s", 1 / per_step, "steps/s", batch=1, step_ms=step_ms,
                median_step_ms=statistics.median(step_ms[skip:]), **timed_note)
