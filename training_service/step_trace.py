@@ -21,7 +21,7 @@ HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync
               "cudaLaunchKernel", "aten::item", "aten::_local_scalar_dense", "aten::to", "aten::copy_")
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")
 ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
-MAX_TRACED = 50  # steps one window may trace: a trace holds every kernel of every step
+MAX_TRACED = 20  # steps one window may trace: the profiler holds every operator and kernel of each in memory
 
 
 def parse_window(text: str) -> tuple[int, int]:
