@@ -13,6 +13,7 @@ from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
+from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
 from training_service.step_trace import MAX_TRACED, parse_window
 
 
@@ -62,3 +63,22 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
+
+
+def test_a_run_stopped_inside_the_window_keeps_the_steps_it_traced(tiny_models, examples, tmp_path):  # noqa: F811
+    events = []
+    run(config(tiny_models, examples, steps=6, trace_steps=[2, 4]), events, stop_after=3, trace_dir=tmp_path / "t")
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert (summary["first_step"], summary["steps"], len(summary["step_wall_ms"])) == (2, 2, 2)
+    [record] = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "step_trace"]
+    assert record["applied"].startswith("steps 2-5 under torch.profiler"), record
+
+
+def test_a_window_outside_the_run_traces_nothing_and_says_why(tiny_models, examples, tmp_path):  # noqa: F811
+    events = []
+    run(config(tiny_models, examples, steps=3, trace_steps=[5, 2]), events, trace_dir=tmp_path / "t")
+    [record] = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "step_trace"]
+    assert (record["requested"], record["applied"], record["status"]) == ("steps 5-6", "none",
+                                                                          "SETTING_STATUS_FELL_BACK")
+    assert "steps 1-3, outside the window" in record["reason"]
+    assert not (tmp_path / "t").exists()
