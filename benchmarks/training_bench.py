@@ -233,6 +233,10 @@ def main() -> None:
                    help=f"which probe passes: {', '.join(BASELINE_VARIANTS)} (compiled includes the eager pass)")
     p.add_argument("--baseline-budget", type=float, default=420)
     args = p.parse_args()
+    try:  # before the pipeline is built: a bad window should not cost a GPU run
+        window = parse_window(args.trace_steps) if args.trace_steps else None
+    except ValueError as e:
+        p.error(str(e))
     command = "python -m benchmarks.training_bench " + " ".join(sys.argv[1:])
     record = Recorder("training", args.out, args.family, command, host_description())
     resolution = args.resolution or (64 if args.tiny else RESOLUTION[args.family])
@@ -258,8 +262,7 @@ def main() -> None:
                 continue
             print(f"--- {mode}", flush=True)
             run_mode(stub, record, mode, args.family, base_dir, data_dir, args.steps, resolution,
-                     min(args.job_timeout, left), args.workdir / "out" / "jobs",
-                     parse_window(args.trace_steps) if args.trace_steps else None)
+                     min(args.job_timeout, left), args.workdir / "out" / "jobs", window)
     finally:
         channel.close()
         service.stop()
