@@ -102,6 +102,7 @@ class LoraRecipe:
         self.checkpointed_step: int | None = None  # the step the last checkpoint holds
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == Precision.FP16 else None
         self.cache = EncodeCache(cfg.encode_cache_dir or None)
+        self._trace_said = False  # the step_trace record is said once per run, however many train() calls it takes
 
     # ---- setup: text encoders, then the VAE, then the denoiser, each freed before the next loads --------
 
@@ -491,10 +492,15 @@ class LoraRecipe:
             return None
         first, count = self.cfg.trace_steps
         asked = f"steps {first}-{first + count - 1}"
+        if self._trace_said:
+            return None  # an earlier call traced the window or said why it could not
+        if first > last and first <= self.cfg.steps:
+            return None  # this call stops short of the window (until_step); a later one reaches it
+        self._trace_said = True
         if first <= self.state.step or first > last:
             self.emit("resolved", {"resolved": [Resolved(
                 "step_trace", asked, "none", Source.EXPLICIT, Status.FELL_BACK,
-                f"this run trains steps {self.state.step + 1}-{last}, outside the window").to_dict()]})
+                f"this run trains steps {self.state.step + 1}-{self.cfg.steps}, outside the window").to_dict()]})
             return None
         count = min(count, last - first + 1)  # the run ends inside the window
         self.emit("resolved", {"resolved": [Resolved(

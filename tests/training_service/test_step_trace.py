@@ -82,3 +82,17 @@ def test_a_window_outside_the_run_traces_nothing_and_says_why(tiny_models, examp
                                                                           "SETTING_STATUS_FELL_BACK")
     assert "steps 1-3, outside the window" in record["reason"]
     assert not (tmp_path / "t").exists()
+
+
+def test_a_run_taken_in_calls_traces_the_window_a_later_call_reaches_and_says_so_once(
+        tiny_models, examples, tmp_path):  # noqa: F811
+    events = []
+    recipe = run(config(tiny_models, examples, steps=6, trace_steps=[3, 2]), events, until_step=2,
+                 trace_dir=tmp_path / "t")
+    assert not (tmp_path / "t").exists()  # the first call stopped short of the window and said nothing yet
+    recipe.train(until_step=6, trace_dir=tmp_path / "t")
+    recipe.train(trace_dir=tmp_path / "t")  # past the window: nothing more to trace or say
+    records = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "step_trace"]
+    assert [r["applied"].split(" under")[0] for r in records] == ["steps 3-4"], records
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert (summary["first_step"], summary["steps"]) == (3, 2)
