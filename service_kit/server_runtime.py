@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Mapping
@@ -121,15 +123,33 @@ def announce(service: str, listen: str, port: int, metrics_port: int | None = No
     print(json.dumps(line), flush=True)
 
 
+# Set by service_kit.service_process to the pid of the process that started this service (a test, the demo, a
+# benchmark): the service then stops, draining, when that process dies, however it died.
+STOP_WITH_PARENT_ENV = "DIFFUSION_STOP_WITH_PARENT"
+
+
 def stop_signals() -> asyncio.Event:
     """An event SIGTERM or SIGINT sets. A service calls it first thing, before it listens: a stop that arrives
     once it is ready (its listening line, its SERVING health answer) then drains, instead of the signal's
-    default action killing it."""
+    default action killing it. Under STOP_WITH_PARENT_ENV the parent's death sends this process SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    parent = os.environ.pop(STOP_WITH_PARENT_ENV, "")  # popped: the service's own children do not inherit it
+    if parent.isdigit() and not stop_with_parent(int(parent)):
+        stop.set()  # the parent died before the line above ran
     return stop
+
+
+def stop_with_parent(parent_pid: int) -> bool:
+    """SIGTERM to this process when `parent_pid`, its parent, dies (Linux's PR_SET_PDEATHSIG); False when it has
+    died already. Elsewhere there is no such signal and nothing is asked."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return True
+    return os.getppid() == parent_pid
 
 
 async def serve_until_signalled(running: RunningServer, grace_s: float, stop: asyncio.Event) -> None:

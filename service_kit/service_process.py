@@ -66,8 +66,10 @@ def use_warm_starts() -> None:
 
 def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout: float = 30.0,
                   env: dict[str, str] | None = None, fresh: bool = False) -> ServiceProcess:
-    """`fresh`: a new interpreter even where warm starts are on (`use_warm_starts`)."""
+    """`fresh`: a new interpreter even where warm starts are on (`use_warm_starts`). A service in a new interpreter
+    started from the main thread stops (drains) when this process dies, however it dies (STOP_WITH_PARENT_ENV)."""
     from service_kit import warm_starts
+    from service_kit.server_runtime import STOP_WITH_PARENT_ENV
 
     env = service_env(env)
     argv = ["--listen", listen, *args]
@@ -78,6 +80,8 @@ def start_service(module: str, *args: str, listen: str = "127.0.0.1:0", timeout:
     elif proc is not None:
         how = "forked from the warm interpreter"
     if proc is None:
+        if threading.current_thread() is threading.main_thread():  # the death signal follows the starting thread
+            env[STOP_WITH_PARENT_ENV] = str(os.getpid())  # a test or bench killed mid-run leaves no service behind
         proc = subprocess.Popen([sys.executable, "-m", module, *argv],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     lines: list[str] = []
