@@ -27,7 +27,7 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
-from training_service.step_trace import parse_window
+from training_service.step_trace import host_rows, parse_window
 
 FAMILY = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1}
 RESOLUTION = {"zimage": 768, "flux1": 512}
@@ -167,6 +167,9 @@ def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
     for key in ("kernel_ms", "gemm_ms", "attention_ms"):
         record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms")
     record(mode, "attention_kernels_ran", ",".join(summary["attention_ran"]) or "none", "kernels")
+    for metric, value, unit in host_rows(summary.get("host", {})):  # traces written before it have none
+        record(mode, metric, value, unit, **({"note": "the host's own time, under the profiler"}
+                                             if metric == "host_ms_per_step" else {}))
     for call, per_step in sorted(summary["calls"].items()):
         record(mode, f"{call}_per_step", per_step, "calls")
     if ops.is_file() and record.out is not None:

@@ -53,6 +53,28 @@ def test_kernel_breakdown(ops, ms, ran):
     assert kernels == ran
 
 
+@pytest.mark.parametrize("ops, host", [
+    # a compiled step: guard checks, inductor's graph wrappers (named by their hash), AOTAutograd's wrappers, launches
+    ([("TorchDynamo Cache Lookup", 4000.0, 10), ("## Call CompiledFxGraph fy7dfq", 6000.0, 10),
+      ("## Call CompiledFxGraph f4ajru", 2000.0, 10), ("CompiledFunction", 1000.0, 10),
+      ("CompiledFunctionBackward", 1000.0, 10), ("cuLaunchKernelEx", 1500.0, 300), ("cudaLaunchKernel", 500.0, 100),
+      ("aten::mm", 4000.0, 200)],
+     {"host_ms": 10.0, "guard_ms": 2.0, "compiled_graph_ms": 4.0, "autograd_wrapper_ms": 1.0, "launch_ms": 1.0,
+      "launches": 200.0}),
+    # an eager step: no compiled region; a name that merely starts like a part's is not that part
+    ([("aten::mm", 3000.0, 100), ("cudaLaunchKernel", 1000.0, 400), ("CompiledFunctionality", 1000.0, 1)],
+     {"host_ms": 2.5, "guard_ms": 0.0, "compiled_graph_ms": 0.0, "autograd_wrapper_ms": 0.0, "launch_ms": 0.5,
+      "launches": 200.0}),
+])
+def test_host_breakdown(ops, host):
+    from training_service.step_trace import host_breakdown, host_rows
+
+    assert host_breakdown(ops, steps=2) == pytest.approx(host)
+    rows = {metric: (value, unit) for metric, value, unit in host_rows(host_breakdown(ops, steps=2))}
+    assert rows["guard_ms_per_step"] == (pytest.approx(host["guard_ms"]), "ms")
+    assert rows["launches_per_step"] == (host["launches"], "calls")
+
+
 @pytest.mark.parametrize("ran, pinned, replayed, said, not_honoured", [
     (("flash",), ("flash", "efficient"), False, "flash", None),
     (("flash",), ("cudnn", "flash", "efficient"), False, "flash", "cudnn"),  # the pin did not take
@@ -70,3 +92,14 @@ def test_trace_rows_say_which_kernels_ran_and_flag_a_pin_that_did_not(ran, pinne
     assert rows.get("bare_attention_kernels_ran") == said
     assert rows.get("bare_attention_pin_not_honoured") == not_honoured
     assert ("bare_gemm_kernel_ms_per_step" in rows) == (not replayed)
+
+
+@pytest.mark.parametrize("argv", [["--skip-guard-eval"], ["--compile", "--aot-blocks", "/tmp/x", "--skip-guard-eval"]])
+def test_skip_guard_eval_is_refused_where_dynamo_checks_no_guards(argv, monkeypatch, capsys):
+    from benchmarks import step_profile
+
+    monkeypatch.setattr(sys, "argv", ["step_profile", "--family", "zimage", "--tiny", *argv])
+    with pytest.raises(SystemExit) as exited:
+        step_profile.main()  # refused before any model is built
+    assert exited.value.code == 2
+    assert "--skip-guard-eval needs --compile or --cudagraphs, without --aot-blocks" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, steps FIRST to FIRST + COUNT - 1
 (numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
 `summary.json` (per step: wall milliseconds, the share of it CUDA kernels ran, kernel, GEMM and attention
-milliseconds, which fused SDPA kernels ran, and the host calls that launch, copy or wait), `ops.txt` (the busiest
+milliseconds, which fused SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds
+in all and in guard checks, compiled graphs' wrappers and launches), `ops.txt` (the busiest
 operators by host and by device time) and `trace.json.gz` (the Chrome trace). Traced steps run slower than the
 others (the profiler's own host work), so the job's record says which steps were traced.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -47,6 +48,39 @@ def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str
     return ms, tuple(name for name, us in ran.items() if us > 0)
 
 
+# Where a compiled step's host time goes, by the profiler's operator names: (what the summary calls it, the names'
+# prefixes). Self CPU time, so nothing counts twice.
+HOST_PARTS = (
+    ("guard_ms", ("TorchDynamo Cache Lookup",)),  # dynamo checking a compiled region's guards, once per call
+    ("compiled_graph_ms", ("## Call CompiledFxGraph",)),  # inductor's generated Python around its kernels
+    ("autograd_wrapper_ms", ("CompiledFunction", "CompiledFunctionBackward")),  # AOTAutograd's runtime wrappers
+    ("launch_ms", ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")),
+)
+LAUNCHES = HOST_PARTS[-1][1]
+
+
+def host_breakdown(ops: list[tuple[str, float, int]], steps: int) -> dict[str, float]:
+    """From (operator, its self CPU time in us, calls) triples of a profile over `steps` steps: per step, the host's
+    milliseconds in all (`host_ms`) and in each of HOST_PARTS, and the kernel launches (`launches`, every launch
+    call, inductor's Triton kernels' included). A step whose host time nears its kernel time is host-bound."""
+    out = {"host_ms": sum(us for _, us, _ in ops) / 1e3 / steps}
+    for part, names in HOST_PARTS:
+        out[part] = sum(us for op, us, _ in ops if _named(op, names)) / 1e3 / steps
+    out["launches"] = sum(n for op, _, n in ops if _named(op, LAUNCHES)) / steps
+    return out
+
+
+def host_rows(host: dict[str, float]) -> list[tuple[str, float, str]]:
+    """The (metric, value, unit) rows of a host_breakdown, as the benchmarks write them."""
+    return [(f"{key.removesuffix('_ms')}_ms_per_step" if key.endswith("_ms") else f"{key}_per_step", value,
+             "ms" if key.endswith("_ms") else "calls") for key, value in host.items()]
+
+
+def _named(op: str, names: tuple[str, ...]) -> bool:
+    """`op` is one of `names`, or one of them followed by a space and more (a compiled graph's hash)."""
+    return any(op == name or op.startswith(name + " ") for name in names)
+
+
 @dataclass(frozen=True)
 class Trace:
     """What a profiler trace of a few steps says, per step."""
@@ -56,6 +90,7 @@ class Trace:
     gemm_ms: float
     attention_ms: float
     attention_ran: tuple[str, ...]
+    host: dict[str, float] = field(default_factory=dict)  # host_breakdown
 
 
 def summarize(prof, steps: int, wall_s: float, table: Path | None = None) -> Trace:
@@ -72,7 +107,8 @@ def summarize(prof, steps: int, wall_s: float, table: Path | None = None) -> Tra
         by_device = averages.table(sort_by="self_device_time_total", row_limit=25) if kernels else ""
         table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" + by_device)
     return Trace(busy_us / 1e6 / wall_s, {e.key: e.count / steps for e in averages if e.key in HOST_CALLS},
-                 busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran)
+                 busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran,
+                 host_breakdown([(e.key, e.self_cpu_time_total, e.count) for e in averages], steps))
 
 
 class StepTracer:

@@ -60,6 +60,8 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     assert (summary["first_step"], summary["steps"], summary["device"]) == (2, 2, "cpu")
     assert len(summary["step_wall_ms"]) == 2 and all(ms > 0 for ms in summary["step_wall_ms"])
     assert summary["kernel_ms"] == 0 and summary["busy_share"] == 0  # no GPU: host time only
+    assert summary["host"]["host_ms"] > 0  # the host's own time per step: on a CPU, all of the step
+    assert summary["host"]["launches"] == 0  # nothing launched on a CPU
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
