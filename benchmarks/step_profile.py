@@ -171,8 +171,8 @@ def main() -> None:
     p.add_argument("--attention", default="",
                    help="SDPA kernels to pin, in order (cudnn,flash,efficient); default: the training policy's")
     p.add_argument("--skip-guard-eval", action="store_true",
-                   help="with --compile or --cudagraphs: the timed and traced loops (not the warm-up, not "
-                        "--built-model's) run under torch.compiler.set_stance(skip_guard_eval_unsafe=True), dynamo "
+                   help="with --compile or --cudagraphs: the timed and traced loops (not the recipe's warm-up steps, "
+                        "which trace the graphs, nor --built-model's loop) run under torch.compiler.set_stance(skip_guard_eval_unsafe=True), dynamo "
                         "checking only the guards that tell its cached graphs apart: what guard checks cost a step")
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
@@ -221,6 +221,7 @@ def main() -> None:
         if not args.skip_guard_eval:
             return contextlib.nullcontext()
         return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
     if recipe.aot is not None:
         mode += "-aot-loaded" if recipe.aot.loaded == recipe.aot.graphs else "-aot-compiled"
         record(mode, "aot_graphs", recipe.aot.graphs, "graphs", note=recipe.aot.how())
