@@ -158,6 +158,18 @@ def run_mode(stub, record, mode, family, base_dir, data_dir, steps, resolution, 
            median_grad_norm=statistics.median(s.grad_norm for s in steps_seen))
 
 
+def deadline_refusal(deadline_s: float, left_s: float, slowest_job_s: float) -> str:
+    """Why the next mode is not started with `left_s` of the bench's `deadline_s` left, given the longest job so far
+    (its compile included); "" when it may start. A job the deadline cuts short is discarded, and its GPU time with
+    it: a mode that would need as long as the slowest one did is not started."""
+    if left_s < 60:
+        return f"not run: the bench's {deadline_s:.0f} s deadline was reached"
+    if left_s < slowest_job_s:
+        return (f"not run: {left_s:.0f} s of the bench's {deadline_s:.0f} s deadline were left and a job of this run "
+                f"took {slowest_job_s:.0f} s; a job the deadline cuts short is discarded")
+    return ""
+
+
 def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
     """The rows of the job's own profile of its traced steps (the service's --trace-steps, step_trace)."""
     where = f"steps {summary['first_step']}-{summary['first_step'] + summary['steps'] - 1} under torch.profiler"
@@ -218,7 +230,8 @@ def main() -> None:
     p.add_argument("--resolution", type=int)
     p.add_argument("--job-timeout", type=float, default=900)
     p.add_argument("--deadline-s", type=float, default=1e9,
-                   help="stop starting modes after this many seconds (a device run has a hard limit)")
+                   help="stop starting modes after this many seconds (a device run has a hard limit), and "
+                        "do not start one when less is left than the slowest job so far took")
     p.add_argument("--aot-blocks", action=argparse.BooleanOptionalAction, default=True,
                    help="the service's --aot-blocks, on as by default: the first compiled mode compiles and saves "
                         "the blocks' graphs, later ones (the -warm modes) load them (--no-aot-blocks: every "
@@ -258,14 +271,18 @@ def main() -> None:
     channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)
     try:
+        slowest = 0.0  # the longest job so far, start to end
         for mode in args.modes.split(","):
             left = args.deadline_s - (time.perf_counter() - t0)
-            if left < 60:
-                record(mode, "ran", 0, "bool", detail=f"not run: the bench's {args.deadline_s:.0f} s deadline was reached")
+            why = deadline_refusal(args.deadline_s, left, slowest)
+            if why:
+                record(mode, "ran", 0, "bool", detail=why)
                 continue
             print(f"--- {mode}", flush=True)
+            started = time.perf_counter()
             run_mode(stub, record, mode, args.family, base_dir, data_dir, args.steps, resolution,
                      min(args.job_timeout, left), args.workdir / "out" / "jobs", window)
+            slowest = max(slowest, time.perf_counter() - started)
     finally:
         channel.close()
         service.stop()
