@@ -488,15 +488,13 @@ class LoraRecipe:
 
     def _tracer(self, trace_dir: Path | None, last: int) -> StepTracer | None:
         """The profiler over cfg.trace_steps, said in the job's record: those steps run slower than the others."""
-        if not (self.cfg.trace_steps and trace_dir):
-            return None
+        if not (self.cfg.trace_steps and trace_dir) or self._trace_said:
+            return None  # no window, or an earlier call traced it or said why it could not
         first, count = self.cfg.trace_steps
-        asked = f"steps {first}-{first + count - 1}"
-        if self._trace_said:
-            return None  # an earlier call traced the window or said why it could not
-        if first > last and first <= self.cfg.steps:
+        if last < first <= self.cfg.steps:
             return None  # this call stops short of the window (until_step); a later one reaches it
         self._trace_said = True
+        asked = f"steps {first}-{first + count - 1}"
         if first <= self.state.step or first > last:
             self.emit("resolved", {"resolved": [Resolved(
                 "step_trace", asked, "none", Source.EXPLICIT, Status.FELL_BACK,

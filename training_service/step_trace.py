@@ -48,8 +48,9 @@ def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str
     return ms, tuple(name for name, us in ran.items() if us > 0)
 
 
-# Where a compiled step's host time goes, by the profiler's operator names: (what the summary calls it, the names'
-# prefixes). Self CPU time, so nothing counts twice.
+# Where a compiled step's host time goes, by the profiler's operator names: (what the summary calls it, the
+# operators it counts, each by its name or its name and a suffix, as a compiled graph's hash). Self CPU time, so
+# nothing counts twice.
 HOST_PARTS = (
     ("guard_ms", ("TorchDynamo Cache Lookup",)),  # dynamo checking a compiled region's guards, once per call
     ("compiled_graph_ms", ("## Call CompiledFxGraph",)),  # inductor's generated Python around its kernels
