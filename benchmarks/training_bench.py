@@ -43,7 +43,7 @@ MODES: dict[str, dict] = {
     "fp32-compile-warm": dict(base_precision=c.PRECISION_FP32, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-compile": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
     "bf16-compile-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_DEFAULT),
-    # MAX: cuDNN attention first on Z-Image, CUDA graph replay on FLUX.1 (attention_choice, graph_choice)
+    # MAX: cuDNN attention first on Z-Image, CUDA graph replay on both (attention_choice, graph_choice)
     "bf16-max": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),
     "bf16-max-warm": dict(base_precision=c.PRECISION_BF16, speed_mode=c.SPEED_MODE_MAX),
     "fp8-compile": dict(base_precision=c.PRECISION_FP8, speed_mode=c.SPEED_MODE_DEFAULT),

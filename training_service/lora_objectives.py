@@ -40,6 +40,14 @@ def _stack(conds: list[dict], key: str) -> torch.Tensor:
     return torch.stack([c[key] for c in conds])
 
 
+def _shapes(value) -> tuple:
+    """The shapes of the tensors in a collated condition (dicts and lists walked in order)."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape),)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return tuple(shape for item in items for shape in _shapes(item))
+
+
 def _pad_stack(conds: list[dict], key: str, mask_key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Variable-length token sequences to one batch, zero-padded, with their masks."""
     longest = max(c[key].shape[0] for c in conds)
@@ -57,6 +65,11 @@ class FlowMatching:
 
     vae_class = "AutoencoderKL"
     negative_prompt = ""
+
+    def shape_key(self, cond: dict) -> tuple:
+        """What of a collated batch's conditions sets the shapes the denoiser's blocks see: graphs of static
+        shapes (CUDA graphs) serve the batches of one key."""
+        return _shapes(cond)
 
     def noisy(self, x0: torch.Tensor, generator: torch.Generator):
         noise = torch.randn(x0.shape, generator=generator)
@@ -80,6 +93,13 @@ class ZImageObjective(FlowMatching):
 
     def collate(self, conds: list[dict]) -> dict:
         return {"cap": [c["cap"] for c in conds]}  # Z-Image takes a list: captions keep their own lengths
+
+    def shape_key(self, cond: dict) -> tuple:
+        """Z-Image pads each caption's sequence to a multiple of its SEQ_MULTI_OF tokens with a learned token
+        (attended, not masked), so captions within one multiple give the blocks one shape."""
+        from diffusers.models.transformers.transformer_z_image import SEQ_MULTI_OF
+
+        return tuple(-(-len(cap) // SEQ_MULTI_OF) * SEQ_MULTI_OF for cap in cond["cap"])
 
     def target(self, x0, noise):
         return x0 - noise
@@ -175,6 +195,9 @@ class SDXLObjective:
 
     def collate(self, conds: list[dict]) -> dict:
         return {"embeds": _stack(conds, "embeds"), "pooled": _stack(conds, "pooled")}
+
+    def shape_key(self, cond: dict) -> tuple:
+        return _shapes(cond)
 
     def noisy(self, x0: torch.Tensor, generator: torch.Generator):
         noise = torch.randn(x0.shape, generator=generator)

@@ -29,6 +29,7 @@ from diffusion_kit.resolved import Resolved, Source, Status
 from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
+from training_service.graph_choice import graphs_over_shapes
 from training_service.denoiser_setup import load_denoiser, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
@@ -103,6 +104,7 @@ class LoraRecipe:
         self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == Precision.FP16 else None
         self.cache = EncodeCache(cfg.encode_cache_dir or None)
         self._trace_said = False  # the step_trace record is said once per run, however many train() calls it takes
+        self.cuda_graphs = False  # cfg.cuda_graphs, once setup() finds the job's batch shapes few enough
 
     # ---- setup: text encoders, then the VAE, then the denoiser, each freed before the next loads --------
 
@@ -114,7 +116,8 @@ class LoraRecipe:
         backend = self.cfg.compile_backend if self.cfg.compile else None
         if backend is not None and (tag := compile_cache_tag(self._attention_kernels())):
             torch.compiler.config.cache_key_tag = tag  # empty (no pin): an operator's tag stands
-        graphs = backend is not None and self.cfg.cuda_graphs
+        self.cuda_graphs = backend is not None and self.cfg.cuda_graphs and self._graphs_fit()
+        graphs = self.cuda_graphs
         ahead = backend is not None and bool(self.cfg.aot_dir) and not graphs
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
@@ -192,8 +195,8 @@ class LoraRecipe:
 
     def _compile_for_cuda_graphs(self, backend: str, phase: Callable[[str, str], None]) -> None:
         """The blocks compiled with static shapes for replay as CUDA graphs (inductor's graph trees): each block
-        call's forward and backward recorded on its bucket shape's first step, then replayed, one launch per call.
-        Dynamo may keep one graph per shape of the job (not its default of 8); sample images, which run without
+        call's forward and backward recorded on its batch shape's first step, then replayed, one launch per call.
+        Dynamo may keep several graphs per batch shape of the job (not its default of 8 in all); sample images, which run without
         gradients, run the blocks eagerly rather than record inference graphs beside the training ones. Graphs
         are not kept across jobs, and the record says so where the service keeps the others. On a CPU there is
         nothing to record: the blocks take the same static compile without the mode."""
@@ -201,8 +204,10 @@ class LoraRecipe:
 
         from diffusion_kit import aot_blocks
 
-        shapes = len(self._one_batch_per_shape())
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+        shapes = len(self._one_batch_per_shape(sequences=True))
+        # a block's forward may take several graphs per batch shape (Z-Image's: a refiner's first call, on an
+        # input without gradients, its later calls, the main blocks' calls on the joined sequence)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * shapes + 1)
         if self.cfg.aot_dir:
             self.emit("resolved", {"resolved": [aot_blocks.fell_back(
                 "CUDA graphs are recorded in the job's own process, so its blocks are not compiled ahead of time "
@@ -219,7 +224,7 @@ class LoraRecipe:
         CUDA graphs, and only logs why: the job's record says how many, once."""
         from torch._dynamo.utils import counters
 
-        if not self.cfg.cuda_graphs or self.graph_skips_said or not self.compiled:
+        if not self.cuda_graphs or self.graph_skips_said or not self.compiled:
             return
         skips = counters["inductor"]["cudagraph_skips"] - self.graph_skips_before
         if not skips:
@@ -230,14 +235,30 @@ class LoraRecipe:
             f"{skips} compiled graph(s) of the blocks run without CUDA graphs (inductor could not record them; its "
             f"log says why), from step {self.state.step}").to_dict()]})
 
-    def _one_batch_per_shape(self) -> list[int]:
+    def _one_batch_per_shape(self, sequences: bool = False) -> list[int]:
         """The first micro-batch of each bucket and batch size in the first epoch's plan (every epoch has the same
-        shapes): a graph traced on one bucket's shapes may not cover another's, whose calls would then run eagerly."""
+        shapes): a graph traced on one bucket's shapes may not cover another's, whose calls would then run eagerly.
+        With `sequences`, also of each shape the captions' conditioning takes (Z-Image's sequence is its caption's
+        length): what graphs of static shapes tell apart."""
         first: dict[tuple, int] = {}
         for index in range(self.plan.per_epoch):
             chosen = self.plan.at(index)
-            first.setdefault((self.examples[chosen[0]].bucket, len(chosen)), index)
+            key = (self.examples[chosen[0]].bucket, len(chosen))
+            if sequences:
+                conds = [self.conds[self.examples[i].caption] for i in chosen]
+                key += (self.objective.shape_key(self.objective.collate(conds)),)
+            first.setdefault(key, index)
         return sorted(first.values())
+
+    def _graphs_fit(self) -> bool:
+        """Whether the job's batch shapes are few enough for CUDA graphs (graph_choice); if not, the record says
+        so and the blocks take the regular compile."""
+        choice = graphs_over_shapes(len(self._one_batch_per_shape(sequences=True)))
+        if not choice.on:
+            self.emit("resolved", {"resolved": [Resolved(
+                "speed_mode", "regional_compile+cuda_graphs", "regional_compile", Source.AUTO, Status.FELL_BACK,
+                choice.reason).to_dict()]})
+        return choice.on
 
     def _optimizer(self):
         choice = optimizer_choice(self.cfg.optimizer, self.cfg.device)
@@ -433,7 +454,7 @@ class LoraRecipe:
             if tracer:
                 tracer.before(self.state.step)
             t0 = time.perf_counter()
-            if self.compiled and self.cfg.cuda_graphs:
+            if self.compiled and self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
             noise_state = self.generator.get_state() if self.compiled else None
             try:

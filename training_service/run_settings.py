@@ -90,17 +90,19 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
                                    compiled=compile_, checkpointing=req.gradient_checkpointing)
     graphs = training_graphs(family.key, device, speed_max=speed_max, precision=precision.value, compiled=compile_,
                              checkpointing=req.gradient_checkpointing,
-                             accumulation=req.gradient_accumulation_steps or 1)
+                             accumulation=req.gradient_accumulation_steps or 1, batch_size=req.batch_size or 1)
     if compile_:
         status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
+        cudnn = "; MAX adds cuDNN attention first (see attention)" if speed_max and attention.kernels == CUDNN_FIRST else ""
         if graphs.on:
-            reason = f"regional compile of the repeated blocks; {graphs.reason}"
-        elif speed_max and attention.kernels == CUDNN_FIRST:
-            reason += "; MAX adds cuDNN attention first (see attention)"
+            reason = f"regional compile of the repeated blocks; {graphs.reason}{cudnn}"
+        elif cudnn:
+            reason += f"{cudnn}; no CUDA graphs: {graphs.reason}"
         elif speed_max:
             status, reason = Status.FELL_BACK, (
-                "the default compile: MAX adds cuDNN attention on Z-Image's bf16 step and CUDA graphs on FLUX.1's, "
-                f"without gradient checkpointing (CUDA graphs: {graphs.reason}); autotuning is not applied")
+                "the default compile: MAX adds cuDNN attention on Z-Image's bf16 step and CUDA graphs on FLUX.1's "
+                f"and Z-Image's, without gradient checkpointing (CUDA graphs: {graphs.reason}); autotuning is not "
+                "applied")
         resolved.append(Resolved("speed_mode", asked, "regional_compile+cuda_graphs" if graphs.on else
                                  "regional_compile", Source.EXPLICIT, status, reason))
 

@@ -220,18 +220,20 @@ def test_a_job_under_another_attention_pin_compiles_its_own_graphs(tiny_models, 
 
 
 @pytest.mark.timeout(900)
-def test_flux_steps_replay_as_cuda_graphs_over_buckets_and_train_as_the_regular_compile(tiny_models, tmp_path):
-    """SPEED_MODE_MAX on FLUX.1's bf16 step (graph_choice): the blocks replay as CUDA graphs, one recorded per
-    bucket shape. The steps launch graphs, inductor records every compiled graph (no record of one it could not),
-    sample images render with the blocks eager, and the losses follow the regular compile's."""
+@pytest.mark.parametrize("family", ["flux1", "zimage"])
+def test_steps_replay_as_cuda_graphs_over_buckets_and_train_as_the_regular_compile(tiny_models, tmp_path, family):
+    """SPEED_MODE_MAX on FLUX.1's and Z-Image's bf16 steps (graph_choice): the blocks replay as CUDA graphs, one
+    recorded per batch shape (bucket and, on Z-Image, caption length). The steps launch graphs, inductor records
+    every compiled graph (no record of one it could not), sample images render with the blocks eager, and the
+    losses follow the regular compile's."""
     examples = []
     for i, size in enumerate([(96, 64), (64, 96), (64, 64), (96, 64)]):  # three buckets
         path = tmp_path / f"{i}.png"
         Image.new("RGB", size, (60 * i, 40, 160)).save(path)
-        examples.append((str(path), f"a card number {i}"))
+        examples.append((str(path), " ".join(["card"] * (3, 10, 17, 10)[i])))  # Z-Image: 4 batch shapes in 3 buckets
     losses, launches = {}, {}
     for graphs in (False, True):
-        cfg = RecipeConfig(family="flux1", base_dir=str(tiny_models["flux1"]), examples=examples, rank=4, alpha=4.0,
+        cfg = RecipeConfig(family=family, base_dir=str(tiny_models[family]), examples=examples, rank=4, alpha=4.0,
                            learning_rate=1e-3, steps=10, resolution=64, seed=1, device="cuda", precision="bf16",
                            buckets=True, compile=True, cuda_graphs=graphs,
                            aot_dir=str(tmp_path / "aot") if graphs else "", sample_every=10, sample_prompts=["a card"])

@@ -158,6 +158,51 @@ def test_cuda_graph_mode_compiles_a_graph_per_shape_and_keeps_none_ahead_of_time
     assert recipe.state.losses == pytest.approx(regular, rel=1e-4)
 
 
+def zimage_captions(tmp_path, words=(3, 10, 20)):
+    """One square image per caption: one bucket, and captions in three of Z-Image's 32-token sequence lengths
+    (on the tiny pipeline's tokenizer, 64, 99 and 149 tokens)."""
+    examples = []
+    for i, n in enumerate(words):
+        path = tmp_path / f"z{i}.png"
+        Image.new("RGB", (64, 64), (70 * i, 90, 40)).save(path)
+        examples.append((str(path), " ".join(["card"] * n)))
+    return examples
+
+
+def test_zimage_graphs_take_a_shape_per_caption_length_and_train_as_eager(tiny_models, tmp_path):
+    """Z-Image's sequence is its caption's length, padded to a multiple of 32 tokens: under CUDA graphs (static
+    shapes) each length class is a batch shape of its own, counted for the recompile limit, though every image
+    falls in one bucket. On the CPU the same static compile runs without the mode: the eager step's losses (the
+    regular compile's too, test_gradient_checkpointing_and_compile_match_eager)."""
+    examples = zimage_captions(tmp_path)
+    events = []
+    recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager", cuda_graphs=True),
+                 events)
+    assert len(recipe._one_batch_per_shape()) == 1 and len(recipe._one_batch_per_shape(sequences=True)) == 3
+    assert recipe.cuda_graphs and not [d for k, d in events if k in ("resolved", "warning")]
+    eager = run(config(tiny_models, examples, steps=3)).state.losses
+    assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+
+
+def test_graphs_past_their_shape_bound_fall_back_to_the_regular_compile_and_say_so(tiny_models, tmp_path,
+                                                                                  monkeypatch):
+    """More batch shapes than graph_choice.MAX_SHAPES: the record says how many, and the blocks take the regular
+    compile (dynamic shapes, kept ahead of time where the job asked) rather than a static compile per shape."""
+    from training_service import graph_choice
+
+    monkeypatch.setattr(graph_choice, "MAX_SHAPES", 2)  # the bound, not the policy: the job has 3 shapes
+    events = []
+    recipe = LoraRecipe(config(tiny_models, zimage_captions(tmp_path), steps=1, compile=True,
+                               compile_backend="aot_eager", cuda_graphs=True),
+                        emit=lambda kind, data: events.append((kind, data)))
+    recipe.setup()
+    records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert [(r["control"], r["applied"], r["status"]) for r in records] == [
+        ("speed_mode", "regional_compile", "SETTING_STATUS_FELL_BACK")]
+    assert "trains on 3 batch shapes" in records[0]["reason"] and "more than the 2" in records[0]["reason"]
+    assert not recipe.cuda_graphs and recipe.compiled
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sample_images_every_n_steps(tiny_models, examples, tmp_path, family):
     events = []

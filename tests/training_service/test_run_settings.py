@@ -55,7 +55,11 @@ APPLIED, FELL_BACK = Status.APPLIED, Status.FELL_BACK
 
 
 @pytest.mark.parametrize("family, fields, kernels, graphs, status, says", [
-    (Z, MAX, ("cudnn", "flash", "efficient"), False, APPLIED, "MAX adds cuDNN attention first"),
+    (Z, MAX, ("cudnn", "flash", "efficient"), True, APPLIED, "MAX adds cuDNN attention first"),
+    (Z, MAX, ("cudnn", "flash", "efficient"), True, APPLIED, "the blocks replay as CUDA graphs"),
+    (Z, {**MAX, "batch_size": 2}, ("cudnn", "flash", "efficient"), False, APPLIED, "no CUDA graphs: each caption"),
+    (Z, {**MAX, "gradient_accumulation_steps": 2}, ("cudnn", "flash", "efficient"), False, APPLIED,
+     "no CUDA graphs: a replay overwrites"),
     (Z, {"speed_mode": c.SPEED_MODE_DEFAULT}, ("flash", "efficient"), False, APPLIED, "dynamic shapes"),
     (FLUX, MAX, ("flash", "efficient"), True, APPLIED, "the blocks replay as CUDA graphs"),
     (FLUX, {**MAX, "gradient_accumulation_steps": 2}, ("flash", "efficient"), False, FELL_BACK, "cannot accumulate"),

@@ -390,7 +390,7 @@ export enum SpeedMode {
   /**
    * Inference: DEFAULT plus autotuned compile, TF32 matmuls and fused QKV projections.
    * Training: DEFAULT plus the levers measured for the job's family and settings (cuDNN attention on
-   * Z-Image's bf16 step, CUDA graph replay on FLUX.1's); the resolved record says which applied.
+   * Z-Image's bf16 step, CUDA graph replay on FLUX.1's and Z-Image's); the resolved record says which applied.
    *
    * @generated from enum value: SPEED_MODE_MAX = 3;
    */
