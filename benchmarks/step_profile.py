@@ -162,8 +162,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="the blocks compiled as SPEED_MODE_DEFAULT compiles them (inductor; the warm-up steps trace)")
     p.add_argument("--cudagraphs", action="store_true",
-                   help="the trainer's CUDA graph mode (SPEED_MODE_MAX on FLUX.1 and Z-Image): the blocks compiled with "
-                        "inductor's CUDA graphs (mode reduce-overhead, static shapes) in place of the regular compile")
+                   help="the trainer's CUDA graph mode (SPEED_MODE_MAX on FLUX.1 and Z-Image): the blocks "
+                        "compiled with inductor's CUDA graphs (mode reduce-overhead, static shapes) in place of the "
+                        "regular compile")
     p.add_argument("--aot-blocks", type=Path, metavar="DIR",
                    help="with --compile: the blocks' graphs compiled ahead of time, loaded from DIR or saved there")
     p.add_argument("--built-model", action="store_true",

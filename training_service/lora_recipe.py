@@ -196,10 +196,10 @@ class LoraRecipe:
     def _compile_for_cuda_graphs(self, backend: str, phase: Callable[[str, str], None]) -> None:
         """The blocks compiled with static shapes for replay as CUDA graphs (inductor's graph trees): each block
         call's forward and backward recorded on its batch shape's first step, then replayed, one launch per call.
-        Dynamo may keep several graphs per batch shape of the job (not its default of 8 in all); sample images, which run without
-        gradients, run the blocks eagerly rather than record inference graphs beside the training ones. Graphs
-        are not kept across jobs, and the record says so where the service keeps the others. On a CPU there is
-        nothing to record: the blocks take the same static compile without the mode."""
+        Dynamo may keep several graphs per batch shape of the job (not its default of 8 in all); sample images,
+        which run without gradients, run the blocks eagerly rather than record inference graphs beside the training
+        ones. Graphs are not kept across jobs, and the record says so where the service keeps the others. On a CPU
+        there is nothing to record: the blocks take the same static compile without the mode."""
         from torch._dynamo.utils import counters
 
         from diffusion_kit import aot_blocks

@@ -93,7 +93,8 @@ def resolve_run(req: StartTraining, caps: HostCaps, family: FamilySpec, precisio
                              accumulation=req.gradient_accumulation_steps or 1, batch_size=req.batch_size or 1)
     if compile_:
         status, reason = Status.APPLIED, "regional compile of the repeated blocks, dynamic shapes"
-        cudnn = "; MAX adds cuDNN attention first (see attention)" if speed_max and attention.kernels == CUDNN_FIRST else ""
+        cudnn = ("; MAX adds cuDNN attention first (see attention)" if speed_max and attention.kernels == CUDNN_FIRST
+                 else "")
         if graphs.on:
             reason = f"regional compile of the repeated blocks; {graphs.reason}{cudnn}"
         elif cudnn:

@@ -174,10 +174,18 @@ def test_zimage_graphs_take_a_shape_per_caption_length_and_train_as_eager(tiny_m
     shapes) each length class is a batch shape of its own, counted for the recompile limit, though every image
     falls in one bucket. On the CPU the same static compile runs without the mode: the eager step's losses (the
     regular compile's too, test_gradient_checkpointing_and_compile_match_eager)."""
+    import torch._dynamo.config as dynamo_config
+
     examples = zimage_captions(tmp_path)
     events = []
-    recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager", cuda_graphs=True),
-                 events)
+    try:
+        with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit):  # the graphs' limit, restored
+            recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
+                                cuda_graphs=True), events)
+    finally:
+        # its static graphs stay cached on the block's code in this process: past the default recompile limit a
+        # later test's compile would not be attempted (a trainer child runs one job, so it meets no such cache)
+        torch._dynamo.reset()
     assert len(recipe._one_batch_per_shape()) == 1 and len(recipe._one_batch_per_shape(sequences=True)) == 3
     assert recipe.cuda_graphs and not [d for k, d in events if k in ("resolved", "warning")]
     eager = run(config(tiny_models, examples, steps=3)).state.losses
