@@ -173,8 +173,9 @@ def main() -> None:
                    help="SDPA kernels to pin, in order (cudnn,flash,efficient); default: the training policy's")
     p.add_argument("--skip-guard-eval", action="store_true",
                    help="with --compile or --cudagraphs: the timed and traced loops (not the recipe's warm-up steps, "
-                        "which trace the graphs, nor --built-model's loop) run under torch.compiler.set_stance(skip_guard_eval_unsafe=True), dynamo "
-                        "checking only the guards that tell its cached graphs apart: what guard checks cost a step")
+                        "which trace the graphs, nor --built-model's loop) run under "
+                        "torch.compiler.set_stance(skip_guard_eval_unsafe=True), dynamo checking only the guards "
+                        "that tell its cached graphs apart: what guard checks cost a step")
     p.add_argument("--out", type=Path)
     p.add_argument("--tables", type=Path, help="a folder for the profiler's tables of the traced steps")
     args = p.parse_args()

@@ -116,7 +116,8 @@ class LoraRecipe:
         backend = self.cfg.compile_backend if self.cfg.compile else None
         if backend is not None and (tag := compile_cache_tag(self._attention_kernels())):
             torch.compiler.config.cache_key_tag = tag  # empty (no pin): an operator's tag stands
-        self.cuda_graphs = backend is not None and self.cfg.cuda_graphs and self._graphs_fit()
+        shapes = len(self._one_batch_per_shape(sequences=True)) if backend is not None and self.cfg.cuda_graphs else 0
+        self.cuda_graphs = bool(shapes) and self._graphs_fit(shapes)
         graphs = self.cuda_graphs
         ahead = backend is not None and bool(self.cfg.aot_dir) and not graphs
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
@@ -134,7 +135,7 @@ class LoraRecipe:
         self.samples_compiled = self.compiled  # sample images run the blocks without gradients: other graphs
         self.graph_skips_said = False
         if graphs:
-            self._compile_for_cuda_graphs(backend, phase)
+            self._compile_for_cuda_graphs(backend, phase, shapes)
         self.optimizer = self._optimizer()
         from diffusers.optimization import get_scheduler
 
@@ -193,18 +194,18 @@ class LoraRecipe:
         self._free()
         return aot
 
-    def _compile_for_cuda_graphs(self, backend: str, phase: Callable[[str, str], None]) -> None:
+    def _compile_for_cuda_graphs(self, backend: str, phase: Callable[[str, str], None], shapes: int) -> None:
         """The blocks compiled with static shapes for replay as CUDA graphs (inductor's graph trees): each block
         call's forward and backward recorded on its batch shape's first step, then replayed, one launch per call.
         Dynamo may keep several graphs per batch shape of the job (not its default of 8 in all); sample images,
         which run without gradients, run the blocks eagerly rather than record inference graphs beside the training
         ones. Graphs are not kept across jobs, and the record says so where the service keeps the others. On a CPU
-        there is nothing to record: the blocks take the same static compile without the mode."""
+        there is nothing to record: the blocks take the same static compile without the mode. `shapes`: the job's
+        batch shapes (_one_batch_per_shape with sequences)."""
         from torch._dynamo.utils import counters
 
         from diffusion_kit import aot_blocks
 
-        shapes = len(self._one_batch_per_shape(sequences=True))
         # a block's forward may take several graphs per batch shape (Z-Image's: a refiner's first call, on an
         # input without gradients, its later calls, the main blocks' calls on the joined sequence)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * shapes + 1)
@@ -250,10 +251,10 @@ class LoraRecipe:
             first.setdefault(key, index)
         return sorted(first.values())
 
-    def _graphs_fit(self) -> bool:
-        """Whether the job's batch shapes are few enough for CUDA graphs (graph_choice); if not, the record says
-        so and the blocks take the regular compile."""
-        choice = graphs_over_shapes(len(self._one_batch_per_shape(sequences=True)))
+    def _graphs_fit(self, shapes: int) -> bool:
+        """Whether the job's `shapes` batch shapes are few enough for CUDA graphs (graph_choice); if not, the
+        record says so and the blocks take the regular compile."""
+        choice = graphs_over_shapes(shapes)
         if not choice.on:
             self.emit("resolved", {"resolved": [Resolved(
                 "speed_mode", "regional_compile+cuda_graphs", "regional_compile", Source.AUTO, Status.FELL_BACK,
