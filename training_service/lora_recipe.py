@@ -24,6 +24,7 @@ import torch
 
 from diffusion_kit.compile_errors import compile_failed, compiler_error, uncompile
 from diffusion_kit.families import FAMILIES, FamilySpec
+from diffusion_kit import recompile_watch
 from diffusion_kit.precision import GRAPHS_DO_NOT_RELOAD, Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from training_service.recipe_config import RecipeConfig
@@ -121,6 +122,9 @@ class LoraRecipe:
         graphs = self.cuda_graphs
         ahead = backend is not None and bool(self.cfg.aot_dir) and not graphs
         phase = lambda phase, message: self.emit("phase", {"phase": phase, "message": message})  # noqa: E731
+        recompile_watch.install()
+        self.limit_hits_before = len(recompile_watch.hits())  # the process's so far
+        self.limit_hits_said = False
         denoiser = load_denoiser(self.family, self.cfg.base_dir, self.cfg.precision, self.cfg.device,
                                  rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
                                  gradient_checkpointing=self.cfg.gradient_checkpointing,
@@ -235,6 +239,25 @@ class LoraRecipe:
             "speed_mode", "regional_compile+cuda_graphs", "regional_compile+cuda_graphs", Source.AUTO, Status.FELL_BACK,
             f"{skips} compiled graph(s) of the blocks run without CUDA graphs (inductor could not record them; its "
             f"log says why), from step {self.state.step}").to_dict()]})
+
+    def _say_recompile_limits(self) -> None:
+        """Past dynamo's recompile limit a compiled block's calls on inputs its graphs do not cover run uncompiled
+        for the rest of the job (recompile_watch): the trainer's log says so at each step it happens, the job's record
+        at the first."""
+        hits = recompile_watch.hits()[self.limit_hits_before:]
+        if not hits or not self.compiled:
+            return
+        self.limit_hits_before += len(hits)
+        log.warning("compiled functions reached dynamo's recompile limit", extra={"fields": {
+            "event": "training.recompile_limit", "step": self.state.step, "functions": [h.describe() for h in hits]}})
+        if self.limit_hits_said:
+            return
+        self.limit_hits_said = True
+        mode = "regional_compile+cuda_graphs" if self.cuda_graphs else "regional_compile"
+        self.emit("resolved", {"resolved": [Resolved(
+            "speed_mode", mode, f"{mode}, partly uncompiled", Source.AUTO, Status.FELL_BACK,
+            f"{'; '.join(h.describe() for h in hits)} by step {self.state.step}: its calls on inputs no compiled "
+            "graph covers run uncompiled from then on").to_dict()]})
 
     def _one_batch_per_shape(self, sequences: bool = False) -> list[int]:
         """The first micro-batch of each bucket and batch size in the first epoch's plan (every epoch has the same
@@ -486,6 +509,7 @@ class LoraRecipe:
             self.state.losses.append(value)
             self._say_eager_calls()
             self._say_graph_skips()
+            self._say_recompile_limits()
             now = time.perf_counter()
             window = self.state.losses[-20:]
             peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0

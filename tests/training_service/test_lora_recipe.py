@@ -192,6 +192,29 @@ def test_zimage_graphs_take_a_shape_per_caption_length_and_train_as_eager(tiny_m
     assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
 
 
+def test_blocks_past_dynamos_recompile_limit_train_partly_uncompiled_and_say_so(tiny_models, tmp_path):
+    """Past dynamo's recompile limit a block's calls that no graph covers run uncompiled for the rest of the job:
+    the record says so once, at the step it happened, and the losses stay the eager step's. Forced here by an
+    accumulated limit of 2 graphs under CUDA graph mode's static shapes (three caption lengths)."""
+    import torch._dynamo.config as dynamo_config
+
+    examples = zimage_captions(tmp_path)
+    events = []
+    try:
+        with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit, accumulated_recompile_limit=2):
+            recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
+                                cuda_graphs=True), events)
+    finally:
+        torch._dynamo.reset()
+    records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
+    assert [(r["control"], r["applied"], r["status"]) for r in records] == [
+        ("speed_mode", "regional_compile+cuda_graphs, partly uncompiled", "SETTING_STATUS_FELL_BACK")]
+    assert "reached dynamo's accumulated_recompile_limit (2) by step " in records[0]["reason"]
+    assert recipe.compiled and recipe.limit_hits_said
+    eager = run(config(tiny_models, examples, steps=3)).state.losses
+    assert recipe.state.losses == pytest.approx(eager, rel=1e-4)
+
+
 def test_graphs_past_their_shape_bound_fall_back_to_the_regular_compile_and_say_so(tiny_models, tmp_path,
                                                                                   monkeypatch):
     """More batch shapes than graph_choice.MAX_SHAPES: the record says how many, and the blocks take the regular
