@@ -50,12 +50,14 @@ def check_adapters(store: AdapterStore | None, uses, family: FamilySpec, compile
 
 def apply_adapters(pipe, store: AdapterStore | None, uses, state: LoraState, holder: str,
                    compiled: bool, on_first_adapter: Callable[[], str] | None = None) -> list[Resolved]:
-    """Runs on the GPU worker before the pipeline call. `on_first_adapter`: called before a compiled model's first
-    adapter changes its blocks (what was captured or compiled ahead of time for them gives way); it returns what
+    """Runs on the GPU worker before the pipeline call. `on_first_adapter`: called before a model's first adapter
+    changes its blocks (what was fused, captured or compiled ahead of time for them gives way); it returns what
     gave way, for the record, or ""."""
     if compiled:
         return _apply_hotswap(pipe, store, uses, state, holder, on_first_adapter)
     records = []
+    if uses and not state.loaded and on_first_adapter is not None:
+        on_first_adapter()  # what gives way (fused projections) is said in the model's record
     for use in uses:
         if use.adapter_id not in state.loaded:
             pipe.load_lora_weights(str(store.path(use.adapter_id)), weight_name=WEIGHTS, adapter_name=use.adapter_id)

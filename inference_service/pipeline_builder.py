@@ -41,14 +41,31 @@ class BuiltPipeline:
     graphs: step_graphs.StepGraphs | None = None  # the denoiser's calls replayed as CUDA graphs (step_graphs)
 
     def before_first_adapter(self) -> str:
-        """A compiled model's first adapter is about to add layers to its blocks: what was captured or compiled
-        for the blocks without them gives way. Returns what gave way, for the adapter's record."""
+        """A model's first adapter is about to add layers to its blocks: what was fused, captured or compiled for
+        the blocks without them gives way. Returns what gave way, for the adapter's record."""
+        gave_way = []
+        if self._split_fused_qkv():
+            gave_way.append("their fused q, k and v projections are split again")
         if self.graphs is not None:
             self.graphs.forget()
         if self.aot is not None and self.aot.installed:
             self.aot.uninstall()
-            return "their graphs compiled ahead of time hold no adapter"
-        return ""
+            gave_way.append("their graphs compiled ahead of time hold no adapter")
+        return "; ".join(gave_way)
+
+    def _split_fused_qkv(self) -> bool:
+        """An adapter's layers sit on the separate q, k and v projections, which fused attention (SPEED_MODE_MAX)
+        no longer calls: left fused, the adapter would change the image without its attention layers. The model
+        runs unfused from its first adapter on, and its record says so."""
+        denoiser = getattr(self.pipe, self.plan.family.denoiser)
+        if not any(getattr(m, "fused_projections", False) for m in denoiser.modules()):
+            return False
+        denoiser.unfuse_qkv_projections()
+        self.resolved[:] = [r for r in self.resolved if r.control != "fused_qkv"] + [
+            Resolved("fused_qkv", "on", "off", Source.AUTO, Status.FELL_BACK,
+                     "an adapter's layers sit on the separate q, k and v projections: since this model's first "
+                     "adapter they run unfused")]
+        return True
 
     def take_aot_misses(self) -> list[tuple[aot_blocks.AotBlocks, int]]:
         """Each set of graphs compiled ahead of time with the calls none of them covered since the last take."""

@@ -1,5 +1,6 @@
 """LoRA adapters by id at generation time, against a real service and a real adapter store."""
 import grpc
+import numpy as np
 import pytest
 
 from diffusion.v1 import inference_pb2 as pb
@@ -114,3 +115,33 @@ def test_compiled_model_hotswaps_without_recompiling(lora_setup, tiny_models):
         run([("z-style", 1.0), ("z-third", 1.0)])
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_info(e.value).reason == "ONE_ADAPTER_WHEN_COMPILED"
+
+
+@pytest.mark.parametrize("speed_mode", ["SPEED_MODE_OFF", "SPEED_MODE_MAX"])
+def test_an_adapter_on_fused_attention_changes_the_image_as_on_the_separate_projections(lora_setup, tiny_models,
+                                                                                       speed_mode):
+    """SPEED_MODE_MAX fuses FLUX.1's q, k and v projections into one, but an adapter's layers sit on the separate
+    ones: a fused model's first adapter splits them again (its record says so), so the image is the one an
+    unfused model gives with that adapter, attention layers included (before: they were left out, silently)."""
+    from diffusion.v1 import common_pb2 as c
+
+    _, client = lora_setup
+    flux = lambda model_id, adapters=(): result_of(client.generate(  # noqa: E731
+        model_id, seeds=[9], adapters=[pb.AdapterRef(adapter_id=a, weight=w) for a, w in adapters]))
+    client.load("tiny-f-off", tiny_models["flux1"], speed_mode=c.SPEED_MODE_OFF)
+    unfused = np.asarray(decode(flux("tiny-f-off", [("flux-style", 1.0)]).images[0]), dtype=int)
+    client.load("tiny-f", tiny_models["flux1"], speed_mode=c.SpeedMode.Value(speed_mode))
+    base = flux("tiny-f")
+    fused = {r.control: r for r in base.resolved}.get("fused_qkv")
+    assert (fused and fused.applied) == ("on" if speed_mode == "SPEED_MODE_MAX" else None)
+    styled = flux("tiny-f", [("flux-style", 1.0)])
+    assert styled.images[0].data != base.images[0].data
+    record = {r.control: r for r in styled.resolved}.get("fused_qkv")
+    if speed_mode == "SPEED_MODE_MAX":
+        assert (record.applied, record.status) == ("off", c.SETTING_STATUS_FELL_BACK)
+        assert "separate q, k and v projections" in record.reason
+        assert "fused q, k and v projections are split" in {r.control: r for r in styled.resolved}[
+            "adapter_hotswap"].reason
+    assert np.abs(np.asarray(decode(styled.images[0]), dtype=int) - unfused).max() <= 2  # compiled vs eager rounding only
+    client.stub.Unload(pb.UnloadRequest(model_id="tiny-f"))
+    client.load("tiny-z", tiny_models["zimage"])  # the module's model, for the tests after
