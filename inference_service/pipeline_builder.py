@@ -17,7 +17,7 @@ from diffusion_kit.families import FamilySpec
 from diffusion_kit.precision import Precision
 from diffusion_kit.resolved import Resolved, Source, Status
 from diffusion_kit import aot_blocks
-from inference_service import backend_flags, step_graphs
+from inference_service import backend_flags, qkv_fusion, step_graphs
 from inference_service.load_plan import LoadPlan
 from inference_service.model_limits import ModelLimits, model_limits
 from inference_service.pinned_offload import PinnedOffload, unswappable
@@ -57,10 +57,8 @@ class BuiltPipeline:
         """An adapter's layers sit on the separate q, k and v projections, which fused attention (SPEED_MODE_MAX)
         no longer calls: left fused, the adapter would change the image without its attention layers. The model
         runs unfused from its first adapter on, and its record says so."""
-        denoiser = getattr(self.pipe, self.plan.family.denoiser)
-        if not any(getattr(m, "fused_projections", False) for m in denoiser.modules()):
+        if not qkv_fusion.split(getattr(self.pipe, self.plan.family.denoiser)):
             return False
-        denoiser.unfuse_qkv_projections()
         self.resolved[:] = [r for r in self.resolved if r.control != "fused_qkv"] + [
             Resolved("fused_qkv", "on", "off", Source.AUTO, Status.FELL_BACK,
                      "an adapter's layers sit on the separate q, k and v projections: since this model's first "
@@ -131,10 +129,7 @@ def build(plan: LoadPlan, on_phase: Callable[[str, str], None], abort: threading
     speed = plan.speed
     backend_flags.apply_speed(speed.cudnn_benchmark, speed.tf32, compiled=speed.compile)
     if speed.fuse_qkv:
-        denoiser = getattr(pipe, family.denoiser)
-        if hasattr(denoiser, "fuse_qkv_projections"):
-            denoiser.fuse_qkv_projections()
-        else:
+        if not qkv_fusion.fuse(getattr(pipe, family.denoiser)):
             resolved.append(Resolved("fused_qkv", "on", "off", Source.AUTO, Status.UNSUPPORTED,
                                      f"{family.denoiser_class} has no fused QKV projections"))
     if speed.compile:
