@@ -1,8 +1,8 @@
 """Fused attention projections (SPEED_MODE_MAX): one linear for q, k and v, without a second copy of their weights,
 and split again before an adapter.
 
-diffusers' `fuse_qkv_projections` concatenates each attention's q, k and v weights (and the added, text-side ones)
-into new linears and keeps the separate ones, which attention then no longer calls: on FLUX.1 that is 2.15 billion
+diffusers' fusion (each attention's `fuse_projections`, which `fuse_qkv_projections` calls on them all) concatenates
+its q, k and v weights (and the added, text-side ones) into new linears and keeps the separate ones, which attention then no longer calls: on FLUX.1 that is 2.15 billion
 parameters (4.3 GB in bf16) held twice, outside what the model's lease counts. Here the separate linears' weights
 and biases become views of the fused ones, so the model holds each weight once. They stay whole modules, because
 an adapter's layers sit on them: `split` returns attention to them (their views keep the fused storage alive, so
@@ -16,16 +16,19 @@ FUSED = {"to_qkv": ("to_q", "to_k", "to_v"), "to_kv": ("to_k", "to_v"),
 
 
 def fuse(denoiser) -> bool:
-    """Fuses every attention's projections where the model supports it; False where it has none to fuse."""
+    """Fuses every attention's projections where the model supports it, one attention at a time (so a load holds
+    one attention's weights twice at most, not every one's); False where it has none to fuse."""
     if not hasattr(denoiser, "fuse_qkv_projections"):
         return False
-    denoiser.fuse_qkv_projections()
     fused = False
-    for module in _fused_modules(denoiser):
-        fused = True
-        for name, parts in FUSED.items():
-            if hasattr(module, name):
-                _share(getattr(module, name), [getattr(module, p) for p in parts])
+    for module in list(denoiser.modules()):
+        if getattr(module, "_supports_qkv_fusion", False) and hasattr(module, "fuse_projections"):
+            module.fuse_projections()
+        if getattr(module, "fused_projections", False):
+            fused = True
+            for name, parts in FUSED.items():
+                if hasattr(module, name):
+                    _share(getattr(module, name), [getattr(module, p) for p in parts])
     return fused
 
 
