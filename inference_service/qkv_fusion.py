@@ -2,11 +2,11 @@
 and split again before an adapter.
 
 diffusers' fusion (each attention's `fuse_projections`, which `fuse_qkv_projections` calls on them all) concatenates
-its q, k and v weights (and the added, text-side ones) into new linears and keeps the separate ones, which attention then no longer calls: on FLUX.1 that is 2.15 billion
-parameters (4.3 GB in bf16) held twice, outside what the model's lease counts. Here the separate linears' weights
-and biases become views of the fused ones, so the model holds each weight once. They stay whole modules, because
-an adapter's layers sit on them: `split` returns attention to them (their views keep the fused storage alive, so
-splitting frees nothing and copies nothing).
+its q, k and v weights (and the added, text-side ones) into new linears and keeps the separate ones, which attention
+then no longer calls: on FLUX.1 that is 2.15 billion parameters (4.3 GB in bf16) held twice, outside what the
+model's lease counts. Here the separate linears' weights and biases become views of the fused ones, so the model
+holds each weight once. They stay whole modules, because an adapter's layers sit on them: `split` returns attention
+to them (their views keep the fused storage alive, so splitting frees nothing and copies nothing).
 """
 from __future__ import annotations
 
