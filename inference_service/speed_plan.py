@@ -109,8 +109,10 @@ def plan_speed(requested: int, *, device_kind: str, transformer_quant: Precision
         tf32 = cuda
         records.append(Resolved("tf32", "on", "on" if tf32 else "off", Source.AUTO,
                                 Status.APPLIED if tf32 else Status.UNSUPPORTED, "" if tf32 else "TF32 is CUDA-only"))
-        fuse = transformer_quant is None
+        fuse = transformer_quant is None and memory_mode == "resident"
+        why_unfused = ("QKV fusion needs dense weights" if transformer_quant is not None else
+                       f"{memory_mode} moves each layer's weights onto the device as it runs, the fused q, k and v "
+                       "projection's and the separate ones' alike: fusion is for a resident model")
         records.append(Resolved("fused_qkv", "on", "on" if fuse else "off", Source.AUTO,
-                                Status.APPLIED if fuse else Status.FELL_BACK,
-                                "" if fuse else "QKV fusion needs dense weights"))
+                                Status.APPLIED if fuse else Status.FELL_BACK, "" if fuse else why_unfused))
     return SpeedPlan(mode, compile_ok, options if compile_ok else {}, cuda, tf32, fuse, True, tuple(records))

@@ -200,6 +200,9 @@ def test_nothing_fits_is_resource_exhausted():
     (c.SPEED_MODE_DEFAULT, "cuda", "nf4", "resident", False, False, False),
     (c.SPEED_MODE_DEFAULT, "cuda", None, "low_vram", False, False, False),
     (c.SPEED_MODE_MAX, "cpu", None, "resident", True, False, True),
+    # offload moves the fused projection and the separate ones (qkv_fusion keeps both as modules)
+    (c.SPEED_MODE_MAX, "cuda", None, "low_vram", False, True, False),
+    (c.SPEED_MODE_MAX, "cuda", None, "balanced", True, True, False),
 ])
 def test_speed_plan(requested, kind, quant, memory, compile_, tf32, fuse):
     plan = plan_speed(requested, device_kind=kind, transformer_quant=quant, memory_mode=memory,
