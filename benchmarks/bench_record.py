@@ -1,4 +1,4 @@
-"""One JSON object per measured figure, appended as soon as it is measured, with the host it ran on."""
+"""One JSON object per measured figure, appended as soon as it is measured, with the host and the code it ran on."""
 from __future__ import annotations
 
 import datetime
@@ -9,17 +9,43 @@ from pathlib import Path
 
 class Recorder:
     def __init__(self, bench: str, out: Path | None, family: str, command: str, host: str):
-        self.bench, self.out, self.family, self.command, self.host = bench, out, family, command, host
+        self.bench, self.out, self.family, self.host = bench, out, family, host
+        self.command = portable_command(command, out)
+        self.code = code_version()
         self.date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def __call__(self, mode: str, metric: str, value: float, unit: str, **extra) -> None:
         row = {"bench": self.bench, "model": self.family, "mode": mode, "metric": metric,
                "value": round(value, 4) if isinstance(value, float) else value, "unit": unit, "host": self.host,
-               "command": self.command, "date": self.date, **extra}
+               "command": self.command, "code": self.code, "date": self.date, **extra}
         print(json.dumps(row), flush=True)
         if self.out:
             with self.out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+
+
+def portable_command(command: str, out: Path | None) -> str:
+    """The command as someone reruns it: the output file by its name, not by the folder of the machine that ran it
+    (a device's output folder does not exist anywhere else)."""
+    if out is None or out.parent == Path("."):
+        return command
+    return " ".join(out.name if word == str(out) else word for word in command.split(" "))
+
+
+def code_version(root: Path | None = None) -> str:
+    """The commit the figures were measured at, "+changes" when the work tree differs from it (tracked files
+    only); "unknown" outside a git checkout. A figure without its code cannot be compared."""
+    where = root or Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
+                              timeout=20)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 def host_description() -> str:

@@ -13,13 +13,13 @@ import argparse
 import asyncio
 import datetime
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import grpc
 
+from benchmarks.bench_record import code_version, portable_command
 from benchmarks.broker_bench import host_description
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
@@ -74,10 +74,10 @@ def main() -> None:
     counts = [int(x) for x in args.waiters.split(",")]
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB", "--max-waiters", str(max(counts) + 10),
                            "--log-level", "WARNING")
-    command = "python -m benchmarks.queue_scaling " + " ".join(sys.argv[1:])
+    command = portable_command("python -m benchmarks.queue_scaling " + " ".join(sys.argv[1:]), args.out)
     host = host_description()
 
-    code = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    code = code_version()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def record(n, metric, value, unit, **extra):
