@@ -8,7 +8,8 @@ Order matters; each rule below fixes a failure seen in practice:
   dimension that is not a multiple of 16), and compiles;
 - mxfp8 uses torchao's MXFP8 training wrapper (Blackwell); if it cannot apply, the base stays bf16
   and a warning says so.
-LoRA parameters are always fp32; the step runs under bf16 autocast on a GPU.
+LoRA parameters are always fp32; the step runs under bf16 autocast on a GPU, where the LoRA layers take their input
+as it comes (lora_inputs_as_given).
 """
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ from training_service.frozen_quantized_linear import wrap_frozen_quantized
 def torch_dtype(precision: Precision) -> torch.dtype:
     """The dtype a base held at `precision` keeps its (unquantised) weights in."""
     return getattr(torch, precision.facts.torch_dtype)
+
+
+def step_autocast(device: str, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a training step autocasts to: a half-precision base's own on a GPU; None (no autocast) on the CPU,
+    where every dtype is exact, or for an fp32 base."""
+    return dtype if device.startswith("cuda") and dtype != torch.float32 else None
+
+
+def lora_inputs_as_given(model: torch.nn.Module) -> int:
+    """The LoRA layers stop casting their input to their fp32 weights' dtype; returns how many. Only under autocast:
+    there the cast is undone at once (autocast casts it back to the half dtype for the matmul), so each layer made
+    two copies of its input per forward and two of its gradient per backward that change no bit: on FLUX.1's
+    structure 754 copies a step, where the eager step is bound by the host's kernel launches (benchmarks.
+    lora_input_casts counts them)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    for layer in layers:
+        layer.cast_input_dtype_enabled = False  # what peft.helpers.disable_input_dtype_casting sets, for good
+    return len(layers)
 
 
 @dataclass
@@ -80,6 +101,8 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.data = p.data.to(device=device, dtype=torch.float32)
+    if step_autocast(device, dtype) is not None:
+        lora_inputs_as_given(model)
 
     if precision == Precision.INT8:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_

@@ -31,7 +31,7 @@ from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.graph_choice import graphs_over_shapes
-from training_service.denoiser_setup import load_denoiser, torch_dtype
+from training_service.denoiser_setup import load_denoiser, step_autocast, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
 from training_service.step_trace import StepTracer
@@ -173,6 +173,8 @@ class LoraRecipe:
             "backend": backend, "training": True, "precision": str(cfg.precision), "dtype": str(self.dtype),
             "gradient_checkpointing": cfg.gradient_checkpointing, "rank": cfg.rank, "alpha": cfg.alpha,
             "attention_pin": list(self._attention_kernels()),
+            # graphs traced before the LoRA layers took their input uncast hold the casts: not these
+            **({"lora_inputs": "as given"} if step_autocast(cfg.device, self.dtype) is not None else {}),
             # only where it is not every block, so the graphs kept before the interval existed still match
             **({"checkpoint_interval": cfg.checkpoint_interval}
                if cfg.gradient_checkpointing and cfg.checkpoint_interval > 1 else {})})
@@ -415,8 +417,8 @@ class LoraRecipe:
         """The forward's context: the attention pin, and bf16/fp16 autocast over fp32 LoRA parameters."""
         stack = contextlib.ExitStack()
         stack.enter_context(self._attention_pin())
-        if self.cfg.device.startswith("cuda") and self.dtype != torch.float32:
-            stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
+        if (autocast := step_autocast(self.cfg.device, self.dtype)) is not None:
+            stack.enter_context(torch.autocast("cuda", dtype=autocast))
         return stack
 
     def _batch(self, step: int) -> Batch:

@@ -6,6 +6,9 @@ import torch
 from PIL import Image
 
 from diffusion_kit.adapter_store import WEIGHTS, AdapterInfo, AdapterStore
+from diffusion_kit.families import FAMILIES as SPECS
+from diffusion_kit.precision import Precision
+from training_service.denoiser_setup import load_denoiser, step_autocast
 from training_service.lora_recipe import LoraRecipe, RecipeConfig
 
 FAMILIES = ["zimage", "flux1", "qwen_image", "sdxl"]
@@ -458,3 +461,37 @@ def test_a_compiler_that_fails_on_the_sample_images_renders_them_uncompiled(tiny
     samples = [d for k, d in events if k == "sample"]
     assert [s["step"] for s in samples] == [2, 4] and all(Path(s["path"]).is_file() for s in samples)
     said_fell_back_once(events, "cannot compile a graph without gradients", "sample_compile")
+
+
+@pytest.mark.parametrize("device, dtype, autocast", [
+    ("cuda", torch.bfloat16, torch.bfloat16),
+    ("cuda:1", torch.float16, torch.float16),  # SDXL's fp16, under its gradient scaler
+    ("cuda", torch.float32, None),  # an fp32 base: nothing to cast to
+    ("cpu", torch.bfloat16, None),  # the CPU runs the step in the base's dtype, no autocast
+])
+def test_the_step_autocasts_to_a_half_base_dtype_on_a_gpu_only(device, dtype, autocast):
+    assert step_autocast(device, dtype) is autocast
+
+
+def test_lora_layers_taking_their_input_as_given_change_no_bit_and_copy_less():
+    """Under autocast peft's cast of a LoRA layer's input to fp32 is undone at once; without it, the loss and every
+    LoRA gradient are the same bits, and a step makes two copies fewer per LoRA layer forward and two backward
+    where the layer's input has a gradient (FLUX.1's double and single blocks both)."""
+    from benchmarks.lora_input_casts import step
+
+    cast_loss, cast_grads, cast_ops, _ = step("flux1", False)
+    loss, grads, ops, layers = step("flux1", True)
+    assert layers == 190  # 19 double blocks x 4 targets, 38 single blocks x 3
+    assert loss == cast_loss and all(torch.equal(a, b) for a, b in zip(grads, cast_grads))
+    # the first double block's q, k and v read the embedded image, which has no gradient: no backward copies there
+    assert cast_ops["aten._to_copy"] - ops["aten._to_copy"] == 4 * layers - 2 * 3
+
+
+def test_a_cpu_job_keeps_peft_casting_its_lora_inputs(tiny_models):
+    """No autocast on the CPU: a bf16 base's input meets the fp32 LoRA weights only through peft's cast."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    denoiser = load_denoiser(SPECS["zimage"], str(tiny_models["zimage"]), Precision.BF16, "cpu", rank=4, alpha=4,
+                             seed=0, gradient_checkpointing=False, compile_backend=None)
+    layers = [m for m in denoiser.model.modules() if isinstance(m, BaseTunerLayer)]
+    assert layers and all(getattr(m, "cast_input_dtype_enabled", True) for m in layers)
