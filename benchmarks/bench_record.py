@@ -25,9 +25,9 @@ class Recorder:
 
 
 def portable_command(command: str, out: Path | None) -> str:
-    """The command as someone reruns it: the output file by its name, not by the folder of the machine that ran it
-    (a device's output folder does not exist anywhere else)."""
-    if out is None or out.parent == Path("."):
+    """The command as someone reruns it: an output file given by an absolute path by its name alone (a device's
+    output folder does not exist anywhere else); a relative one, within the checkout, as given."""
+    if out is None or not out.is_absolute():
         return command
     return " ".join(out.name if word == str(out) else word for word in command.split(" "))
 

@@ -11,6 +11,7 @@ from benchmarks.bench_record import Recorder, code_version, portable_command
 @pytest.mark.parametrize("command, out, expected", [
     ("python -m b --modes x --out /root/out/z.jsonl", Path("/root/out/z.jsonl"), "python -m b --modes x --out z.jsonl"),
     ("python -m b --out z.jsonl", Path("z.jsonl"), "python -m b --out z.jsonl"),  # already relative
+    ("python -m b --out docs/bench/z.jsonl", Path("docs/bench/z.jsonl"), "python -m b --out docs/bench/z.jsonl"),
     ("python -m b --modes x", None, "python -m b --modes x"),  # no output file
     ("python -m b --workdir /root/out --out /root/out/z.jsonl", Path("/root/out/z.jsonl"),
      "python -m b --workdir /root/out --out z.jsonl"),  # only the output file's own word
