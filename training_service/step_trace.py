@@ -2,8 +2,9 @@
 
 An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, steps FIRST to FIRST + COUNT - 1
 (numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
-`summary.json` (per step: wall milliseconds, the share of it CUDA kernels ran, kernel, GEMM and attention
-milliseconds, which fused SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds
+`summary.json` (each step's wall milliseconds and, on a GPU, its own kernel and idle milliseconds, so steps of
+one shape that run at two speeds say whether the slow ones ran longer kernels or left the GPU waiting on the host;
+and per step on average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds
 in all and in guard checks, compiled graphs' wrappers and launches), `ops.txt` (the busiest
 operators by host and by device time) and `trace.json.gz` (the Chrome trace). Traced steps run slower than the
 others (the profiler's own host work), so the job's record says which steps were traced.
@@ -23,6 +24,7 @@ HOST_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm")
 ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
 MAX_TRACED = 20  # steps one window may trace: the profiler holds every operator and kernel of each in memory
+STEP_MARK = "## training step "  # the profiler range each traced step runs in, with its number
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -82,6 +84,32 @@ def _named(op: str, names: tuple[str, ...]) -> bool:
     return any(op == name or op.startswith(name + " ") for name in names)
 
 
+def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]]
+                     ) -> list[tuple[float, float]]:
+    """Per step, given as its (start, end) on the profiler's clock, in microseconds: the milliseconds a kernel ran
+    within it (overlapping kernels counted once) and the milliseconds none did. `kernels`: (start, end) of each."""
+    out = []
+    for start, end in steps:
+        busy, reach = 0.0, start
+        for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
+            if k_end > reach:
+                busy += k_end - max(k_start, reach)
+                reach = k_end
+        out.append((round(busy / 1e3, 3), round((end - start - busy) / 1e3, 3)))
+    return out
+
+
+def _step_ranges_and_kernels(prof) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    marks = sorted((int(e.name[len(STEP_MARK):]), e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.name.startswith(STEP_MARK) and e.device_type != cuda)
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == cuda and not e.is_user_annotation]
+    return [(a, b) for _, a, b in marks], kernels
+
+
 @dataclass(frozen=True)
 class Trace:
     """What a profiler trace of a few steps says, per step."""
@@ -123,6 +151,7 @@ class StepTracer:
         self.cuda = device.startswith("cuda")
         self.say = say  # told once the trace is written (the job's log)
         self._prof = None
+        self._step_range = None  # the profiler range of the step under way
         self._started = 0.0
         self._marks: list[float] = []
         self.summary: dict | None = None  # once written
@@ -134,29 +163,40 @@ class StepTracer:
             torch.cuda.synchronize()
 
     def before(self, done: int) -> None:
-        if done + 1 != self.first or self._prof is not None or self.summary is not None:
-            return
-        from torch.profiler import ProfilerActivity, profile
+        if self._prof is None and done + 1 == self.first and self.summary is None:
+            from torch.profiler import ProfilerActivity, profile
 
-        self._sync()
-        self._prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
-        self._prof.__enter__()
-        self._started = time.perf_counter()
-        self._marks = [self._started]
+            self._sync()
+            self._prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+            self._prof.__enter__()
+            self._started = time.perf_counter()
+            self._marks = [self._started]
+        if self._prof is not None:
+            from torch.profiler import record_function
+
+            self._step_range = record_function(f"{STEP_MARK}{done + 1}")
+            self._step_range.__enter__()
 
     def after(self, done: int) -> None:
         if self._prof is None:
             return
         self._sync()
+        self._end_step_range()
         self._marks.append(time.perf_counter())
         if done >= self.first + self.count - 1:
             self.finish()
+
+    def _end_step_range(self) -> None:
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
 
     def finish(self) -> None:
         """Stops the profiler, and writes what it saw of the steps that finished under it (the run may stop inside
         the window)."""
         if self._prof is None:
             return
+        self._end_step_range()  # a step stopped part way: its range ends here, and only finished steps count
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
         steps = len(self._marks) - 1
@@ -166,8 +206,12 @@ class StepTracer:
         self.directory.mkdir(parents=True, exist_ok=True)
         trace = summarize(prof, steps, wall, self.directory / "ops.txt")
         prof.export_chrome_trace(str(self.directory / "trace.json.gz"))
+        ranges, kernels = _step_ranges_and_kernels(prof)
+        device_time = step_device_time(ranges[:steps], kernels)
         self.summary = {"first_step": self.first, "steps": steps, "device": "cuda" if self.cuda else "cpu",
                         "step_wall_ms": [round((b - a) * 1e3, 2) for a, b in zip(self._marks, self._marks[1:])],
+                        "step_kernel_ms": [busy for busy, _ in device_time],
+                        "step_idle_ms": [idle for _, idle in device_time],
                         **asdict(trace)}
         (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
         self.say(f"steps {self.first}-{self.first + steps - 1} traced into {self.directory}")

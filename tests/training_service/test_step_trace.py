@@ -14,12 +14,23 @@ from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
-from training_service.step_trace import MAX_TRACED, parse_window
+from training_service.step_trace import MAX_TRACED, parse_window, step_device_time
 
 
 @pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
 def test_a_window_reads_as_first_step_and_count(text, window):
     assert parse_window(text) == window
+
+
+@pytest.mark.parametrize("steps, kernels, expected", [
+    ([(0, 10_000)], [], [(0, 10)]),  # microseconds in, milliseconds out
+    ([(0, 10_000), (10_000, 30_000)], [(1_000, 3_000), (12_000, 20_000), (25_000, 29_000)], [(2, 8), (12, 8)]),
+    ([(0, 10_000)], [(1_000, 5_000), (2_000, 4_000), (4_000, 6_000)], [(5, 5)]),  # overlaps counted once
+    ([(0, 10_000), (10_000, 20_000)], [(8_000, 12_000)], [(2, 8), (2, 8)]),  # a kernel across two steps is split
+    ([(5_000, 10_000)], [(0, 4_000), (11_000, 12_000)], [(0, 5)]),  # kernels outside the step do not count
+])
+def test_each_step_has_its_own_kernel_and_idle_time(steps, kernels, expected):
+    assert step_device_time(steps, kernels) == expected
 
 
 @pytest.mark.parametrize("text", ["6", "6:4:1", "a:b", "0:3", "3:0", f"3:{MAX_TRACED + 1}", "-1:2", ":", "6:"])
@@ -62,6 +73,8 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     assert summary["kernel_ms"] == 0 and summary["busy_share"] == 0  # no GPU: host time only
     assert summary["host"]["host_ms"] > 0  # the host's own time per step: on a CPU, all of the step
     assert summary["host"]["launches"] == 0  # nothing launched on a CPU
+    assert summary["step_kernel_ms"] == [0, 0]  # each step's own: no kernel, so all of it idle on the device
+    assert all(0 < idle <= wall for idle, wall in zip(summary["step_idle_ms"], summary["step_wall_ms"]))
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
