@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -34,7 +35,11 @@ def portable_command(command: str, out: Path | None) -> str:
 
 def code_version(root: Path | None = None) -> str:
     """The commit the figures were measured at, "+changes" when the work tree differs from it (tracked files
-    only); "unknown" outside a git checkout. A figure without its code cannot be compared."""
+    only); "unknown" outside a git checkout. A figure without its code cannot be compared. BENCH_CODE, where set,
+    names it instead: a copy of a work tree whose git folder is not the one it was copied from (a device machine's
+    copy can carry an older HEAD) is told the commit by the command that runs it."""
+    if os.environ.get("BENCH_CODE"):
+        return os.environ["BENCH_CODE"]
     where = root or Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,

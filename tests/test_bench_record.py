@@ -24,7 +24,8 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_the_code_is_the_commit_and_says_when_the_tree_differs(tmp_path):
+def test_the_code_is_the_commit_and_says_when_the_tree_differs(tmp_path, monkeypatch):
+    monkeypatch.delenv("BENCH_CODE", raising=False)
     assert code_version(tmp_path) == "unknown"  # not a checkout
     _git(tmp_path, "init", "-q")
     (tmp_path / "a.py").write_text("x = 1\n")
@@ -37,7 +38,14 @@ def test_the_code_is_the_commit_and_says_when_the_tree_differs(tmp_path):
     assert code_version(tmp_path) == head + "+changes"
 
 
-def test_every_row_carries_the_code_and_the_portable_command(tmp_path):
+def test_a_copy_is_told_its_code(tmp_path, monkeypatch):
+    """A device's copy of the work tree may carry an older git HEAD than the tree it holds."""
+    monkeypatch.setenv("BENCH_CODE", "abc1234")
+    assert code_version(tmp_path) == "abc1234"
+
+
+def test_every_row_carries_the_code_and_the_portable_command(tmp_path, monkeypatch):
+    monkeypatch.delenv("BENCH_CODE", raising=False)
     out = tmp_path / "rows.jsonl"
     record = Recorder("b", out, "zimage", f"python -m b --out {out}", "a host")
     record("m", "step_ms", 1.23456, "ms", extra=1)
