@@ -4,10 +4,11 @@ An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, s
 (numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
 `summary.json` (each step's wall milliseconds and, on a GPU, its own kernel and idle milliseconds, so steps of
 one shape that run at two speeds say whether the slow ones ran longer kernels or left the GPU waiting on the host;
-and per step on average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds
-in all and in guard checks, compiled graphs' wrappers and launches), `ops.txt` (the busiest
-operators by host and by device time) and `trace.json.gz` (the Chrome trace). Traced steps run slower than the
-others (the profiler's own host work), so the job's record says which steps were traced.
+and per step on average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused
+SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds in all and in guard checks,
+compiled graphs' wrappers and launches), `ops.txt` (the busiest operators by host and by device time) and
+`trace.json.gz` (the Chrome trace). Traced steps run slower than the others (the profiler's own host work), so the
+job's record says which steps were traced.
 
 The summary is what benchmarks/step_profile computes of its bare loops, so a job's step and a bare loop's compare.
 """
