@@ -66,7 +66,10 @@ LAUNCHES = HOST_PARTS[-1][1]
 def host_breakdown(ops: list[tuple[str, float, int]], steps: int) -> dict[str, float]:
     """From (operator, its self CPU time in us, calls) triples of a profile over `steps` steps: per step, the host's
     milliseconds in all (`host_ms`) and in each of HOST_PARTS, and the kernel launches (`launches`, every launch
-    call, inductor's Triton kernels' included). A step whose host time nears its kernel time is host-bound."""
+    call, inductor's Triton kernels' included). A step whose host time nears its kernel time is host-bound. The
+    ranges the steps run in are not operators: their own time, all a step's time outside its operators, is left out
+    as before they existed."""
+    ops = [(op, us, n) for op, us, n in ops if not op.startswith(STEP_MARK)]
     out = {"host_ms": sum(us for _, us, _ in ops) / 1e3 / steps}
     for part, names in HOST_PARTS:
         out[part] = sum(us for op, us, _ in ops if _named(op, names)) / 1e3 / steps

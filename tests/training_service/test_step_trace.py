@@ -14,7 +14,7 @@ from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
-from training_service.step_trace import MAX_TRACED, parse_window, step_device_time
+from training_service.step_trace import MAX_TRACED, STEP_MARK, host_breakdown, parse_window, step_device_time
 
 
 @pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
@@ -31,6 +31,14 @@ def test_a_window_reads_as_first_step_and_count(text, window):
 ])
 def test_each_step_has_its_own_kernel_and_idle_time(steps, kernels, expected):
     assert step_device_time(steps, kernels) == expected
+
+
+def test_the_steps_own_ranges_are_not_host_time():
+    """A traced step's range holds everything the step does; its own time is not an operator's."""
+    ops = [(f"{STEP_MARK}1", 90_000, 1), (f"{STEP_MARK}2", 80_000, 1), ("aten::mm", 4_000, 10),
+           ("cudaLaunchKernel", 2_000, 10)]
+    host = host_breakdown(ops, 2)
+    assert (host["host_ms"], host["launch_ms"], host["launches"]) == (3.0, 1.0, 5)
 
 
 @pytest.mark.parametrize("text", ["6", "6:4:1", "a:b", "0:3", "3:0", f"3:{MAX_TRACED + 1}", "-1:2", ":", "6:"])
