@@ -181,14 +181,9 @@ def test_zimage_graphs_take_a_shape_per_caption_length_and_train_as_eager(tiny_m
 
     examples = zimage_captions(tmp_path)
     events = []
-    try:
-        with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit):  # the graphs' limit, restored
-            recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
-                                cuda_graphs=True), events)
-    finally:
-        # its static graphs stay cached on the block's code in this process: past the default recompile limit a
-        # later test's compile would not be attempted (a trainer child runs one job, so it meets no such cache)
-        torch._dynamo.reset()
+    with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit):  # the graphs' limit, restored
+        recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
+                            cuda_graphs=True), events)
     assert len(recipe._one_batch_per_shape()) == 1 and len(recipe._one_batch_per_shape(sequences=True)) == 3
     assert recipe.cuda_graphs and not [d for k, d in events if k in ("resolved", "warning")]
     eager = run(config(tiny_models, examples, steps=3)).state.losses
@@ -203,12 +198,9 @@ def test_blocks_past_dynamos_recompile_limit_train_partly_uncompiled_and_say_so(
 
     examples = zimage_captions(tmp_path)
     events = []
-    try:
-        with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit, accumulated_recompile_limit=2):
-            recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
-                                cuda_graphs=True), events)
-    finally:
-        torch._dynamo.reset()
+    with dynamo_config.patch(recompile_limit=dynamo_config.recompile_limit, accumulated_recompile_limit=2):
+        recipe = run(config(tiny_models, examples, steps=3, compile=True, compile_backend="aot_eager",
+                            cuda_graphs=True), events)
     records = [r for k, d in events if k == "resolved" for r in d["resolved"]]
     assert [(r["control"], r["applied"], r["status"]) for r in records] == [
         ("speed_mode", "regional_compile+cuda_graphs, partly uncompiled", "SETTING_STATUS_FELL_BACK")]
