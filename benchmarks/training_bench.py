@@ -170,14 +170,21 @@ def deadline_refusal(deadline_s: float, left_s: float, slowest_job_s: float) -> 
     return ""
 
 
+# Each traced step's device side (step_trace.StepDeviceTime), carried on the traced_step_ms row.
+STEP_SPLIT = ("step_kernel_ms", "step_idle_ms", "step_lead_ms", "step_tail_ms")
+
+
 def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
     """The rows of the job's own profile of its traced steps (the service's --trace-steps, step_trace)."""
     where = f"steps {summary['first_step']}-{summary['first_step'] + summary['steps'] - 1} under torch.profiler"
+    per_step = {key: summary[key] for key in STEP_SPLIT if key in summary}  # traces written before have fewer
     record(mode, "traced_step_ms", statistics.median(summary["step_wall_ms"]), "ms", note=where,
-           step_wall_ms=summary["step_wall_ms"])
+           step_wall_ms=summary["step_wall_ms"], **per_step)
     record(mode, "gpu_busy_share", summary["busy_share"], "fraction", note="CUDA kernel time over wall time")
+    named = summary.get("kernels_named_by", "operators")
     for key in ("kernel_ms", "gemm_ms", "attention_ms"):
-        record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms")
+        record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms",
+               **({"note": f"kernels placed by their {named}"} if key != "kernel_ms" else {}))
     record(mode, "attention_kernels_ran", ",".join(summary["attention_ran"]) or "none", "kernels")
     for metric, value, unit in host_rows(summary.get("host", {})):  # traces written before it have none
         record(mode, metric, value, unit, **({"note": "the host's own time, under the profiler"}

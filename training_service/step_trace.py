@@ -2,11 +2,12 @@
 
 An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, steps FIRST to FIRST + COUNT - 1
 (numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
-`summary.json` (each step's wall milliseconds and, on a GPU, its own kernel and idle milliseconds, so steps of
-one shape that run at two speeds say whether the slow ones ran longer kernels or left the GPU waiting on the host;
-and per step on average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused
-SDPA kernels ran, the host calls that launch, copy or wait, and the host's milliseconds in all and in guard checks,
-compiled graphs' wrappers and launches), `ops.txt` (the busiest operators by host and by device time) and
+`summary.json` (each step's wall milliseconds and, on a GPU, its own kernel and idle milliseconds, and how much of
+the idle came before its first kernel and after its last, so steps of one shape that run at two speeds say whether
+the slow ones ran longer kernels or left the GPU waiting on the host, and where in the step; and per step on
+average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused SDPA kernels ran,
+the host calls that launch, copy or wait, and the host's milliseconds in all and in guard checks, compiled graphs'
+wrappers and launches), `ops.txt` (the busiest operators by host and by device time) and
 `trace.json.gz` (the Chrome trace). Traced steps run slower than the others (the profiler's own host work), so the
 job's record says which steps were traced.
 
@@ -51,6 +52,35 @@ def kernel_breakdown(ops: list[tuple[str, float]], steps: int) -> tuple[dict[str
     return ms, tuple(name for name, us in ran.items() if us > 0)
 
 
+# A kernel's family by its name, for kernels no operator launched (a CUDA graph's replay): (family, markers, any
+# of which in the lower-cased name places it), first match wins: cuDNN's SDPA kernels name "flash" too.
+KERNEL_FAMILIES = (
+    ("cudnn", ("cudnn_generated_fort_native_sdpa", "cudnn_sdpa")),
+    ("flash", ("flash_fwd", "flash_bwd", "pytorch_flash::")),
+    ("efficient", ("fmha_cutlass", "attention_kernel_backward", "attentionkernel")),
+    ("gemm", ("gemm", "nvjet", "xmma", "gemv", "cutlass", "triton_tem_fused_mm", "triton_tem_fused_addmm")),
+)
+
+
+def kernel_family(name: str) -> str | None:
+    """"gemm", the SDPA kernel (training_service's pin names) or None for anything else, by a kernel's name."""
+    lowered = name.lower()
+    return next((family for family, markers in KERNEL_FAMILIES if any(m in lowered for m in markers)), None)
+
+
+def kernel_name_breakdown(kernels: list[tuple[str, float]], steps: int) -> tuple[dict[str, float], tuple[str, ...]]:
+    """kernel_breakdown from (kernel name, its us) pairs: for steps replayed as CUDA graphs, whose kernels no
+    operator launched on the host, so only their names say what they are."""
+    spent: dict[str, float] = {}
+    for name, us in kernels:
+        if (family := kernel_family(name)) is not None:
+            spent[family] = spent.get(family, 0.0) + us
+    ran = tuple(pin for pin in ATTENTION_KERNELS if spent.get(pin))
+    return ({"gemm_kernel_ms_per_step": spent.get("gemm", 0.0) / 1e3 / steps,
+             "attention_kernel_ms_per_step": sum(spent.get(pin, 0.0) for pin in ATTENTION_KERNELS) / 1e3 / steps},
+            ran)
+
+
 # Where a compiled step's host time goes, by the profiler's operator names: (what the summary calls it, the
 # operators it counts, each by its name or its name and a suffix, as a compiled graph's hash). Self CPU time, so
 # nothing counts twice.
@@ -88,29 +118,50 @@ def _named(op: str, names: tuple[str, ...]) -> bool:
     return any(op == name or op.startswith(name + " ") for name in names)
 
 
-def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]]
-                     ) -> list[tuple[float, float]]:
-    """Per step, given as its (start, end) on the profiler's clock, in microseconds: the milliseconds a kernel ran
-    within it (overlapping kernels counted once) and the milliseconds none did. `kernels`: (start, end) of each."""
+@dataclass(frozen=True)
+class StepDeviceTime:
+    """One step's device side, in milliseconds: kernels ran `busy` of it (overlaps counted once) and none ran
+    `idle`, of which `lead` before its first kernel began and `tail` after its last ended (the host's own work at
+    the step's edges: making its inputs, reading its loss back, its bookkeeping); the rest of `idle` lies between
+    its kernels."""
+    busy: float
+    idle: float
+    lead: float
+    tail: float
+
+
+def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]]) -> list[StepDeviceTime]:
+    """Per step, given as its (start, end) on the profiler's clock in microseconds, its StepDeviceTime.
+    `kernels`: (start, end) of each."""
     out = []
     for start, end in steps:
-        busy, reach = 0.0, start
+        busy, reach, first = 0.0, start, None
         for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
+            first = k_start if first is None else first
             if k_end > reach:
                 busy += k_end - max(k_start, reach)
                 reach = k_end
-        out.append((round(busy / 1e3, 3), round((end - start - busy) / 1e3, 3)))
+        lead, tail = (end - start, 0.0) if first is None else (first - start, end - reach)
+        out.append(StepDeviceTime(*(round(us / 1e3, 3) for us in (busy, end - start - busy, lead, tail))))
     return out
 
 
-def _step_ranges_and_kernels(prof) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def device_kernels(events) -> list:
+    """The profiler events that are kernels run on a CUDA device: not the device-side spans of ranges (the steps'
+    own, STEP_MARK, and any other record_function), which would count a step's kernels twice."""
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
-    marks = sorted((int(e.name[len(STEP_MARK):]), e.time_range.start, e.time_range.end) for e in prof.events()
+    return [e for e in events if e.device_type == cuda and not e.is_user_annotation]
+
+
+def _step_ranges_and_kernels(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    marks = sorted((int(e.name[len(STEP_MARK):]), e.time_range.start, e.time_range.end) for e in events
                    if e.name.startswith(STEP_MARK) and e.device_type != cuda)
-    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == cuda and not e.is_user_annotation]
+    kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
     return [(a, b) for _, a, b in marks], kernels
 
 
@@ -124,24 +175,29 @@ class Trace:
     attention_ms: float
     attention_ran: tuple[str, ...]
     host: dict[str, float] = field(default_factory=dict)  # host_breakdown
+    kernels_named_by: str = "operators"  # what placed the GEMM and attention kernels: "operators" or "kernel names"
 
 
-def summarize(prof, steps: int, wall_s: float, table: Path | None = None) -> Trace:
-    """The Trace of a finished torch.profiler `prof` that covered `steps` steps in `wall_s` seconds. `table` gets
-    the profiler's busiest operators, by host time and by device time."""
-    import torch
-
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+def summarize(prof, steps: int, wall_s: float, table: Path | None = None, events=None) -> Trace:
+    """The Trace of a finished torch.profiler `prof` that covered `steps` steps in `wall_s` seconds (`events`: its
+    events, where the caller has them already). `table` gets the profiler's busiest operators, by host time and by
+    device time. GEMM and attention kernels are those their operators launched, or, where operators launched none
+    of either while kernels ran (a CUDA graph's replay), those their names say (kernel_name_breakdown)."""
+    kernels = device_kernels(prof.events() if events is None else events)
     busy_us = sum(e.device_time for e in kernels)  # overlapping kernels would count twice; one stream here
     averages = prof.key_averages()
     ms, ran = kernel_breakdown([(e.key, e.self_device_time_total) for e in averages], steps)
+    named_by = "operators"
+    if kernels and not any(ms.values()):
+        ms, ran = kernel_name_breakdown([(e.name, e.device_time) for e in kernels], steps)
+        named_by = "kernel names"
     if table is not None:
         table.parent.mkdir(parents=True, exist_ok=True)
         by_device = averages.table(sort_by="self_device_time_total", row_limit=25) if kernels else ""
         table.write_text(averages.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n" + by_device)
     return Trace(busy_us / 1e6 / wall_s, {e.key: e.count / steps for e in averages if e.key in HOST_CALLS},
                  busy_us / 1e3 / steps, ms["gemm_kernel_ms_per_step"], ms["attention_kernel_ms_per_step"], ran,
-                 host_breakdown([(e.key, e.self_cpu_time_total, e.count) for e in averages], steps))
+                 host_breakdown([(e.key, e.self_cpu_time_total, e.count) for e in averages], steps), named_by)
 
 
 class StepTracer:
@@ -208,14 +264,16 @@ class StepTracer:
             return
         wall = self._marks[-1] - self._started
         self.directory.mkdir(parents=True, exist_ok=True)
-        trace = summarize(prof, steps, wall, self.directory / "ops.txt")
+        events = prof.events()
+        trace = summarize(prof, steps, wall, self.directory / "ops.txt", events)
         prof.export_chrome_trace(str(self.directory / "trace.json.gz"))
-        ranges, kernels = _step_ranges_and_kernels(prof)
-        device_time = step_device_time(ranges[:steps], kernels)
+        device_time = step_device_time(*_step_ranges_and_kernels(events))[:steps]
         self.summary = {"first_step": self.first, "steps": steps, "device": "cuda" if self.cuda else "cpu",
                         "step_wall_ms": [round((b - a) * 1e3, 2) for a, b in zip(self._marks, self._marks[1:])],
-                        "step_kernel_ms": [busy for busy, _ in device_time],
-                        "step_idle_ms": [idle for _, idle in device_time],
+                        "step_kernel_ms": [t.busy for t in device_time],
+                        "step_idle_ms": [t.idle for t in device_time],
+                        "step_lead_ms": [t.lead for t in device_time],
+                        "step_tail_ms": [t.tail for t in device_time],
                         **asdict(trace)}
         (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
         self.say(f"steps {self.first}-{self.first + steps - 1} traced into {self.directory}")

@@ -2,9 +2,12 @@
 trace and its summary, and the job's record says which steps were traced."""
 import gzip
 import json
+from dataclasses import astuple
+from types import SimpleNamespace
 
 import grpc
 import pytest
+import torch
 
 from diffusion.v1 import common_pb2 as c
 from diffusion.v1 import training_pb2 as pb
@@ -14,7 +17,8 @@ from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
-from training_service.step_trace import MAX_TRACED, STEP_MARK, host_breakdown, parse_window, step_device_time
+from training_service.step_trace import (MAX_TRACED, STEP_MARK, host_breakdown, kernel_family, parse_window,
+                                         step_device_time, summarize)
 
 
 @pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
@@ -23,14 +27,69 @@ def test_a_window_reads_as_first_step_and_count(text, window):
 
 
 @pytest.mark.parametrize("steps, kernels, expected", [
-    ([(0, 10_000)], [], [(0, 10)]),  # microseconds in, milliseconds out
-    ([(0, 10_000), (10_000, 30_000)], [(1_000, 3_000), (12_000, 20_000), (25_000, 29_000)], [(2, 8), (12, 8)]),
-    ([(0, 10_000)], [(1_000, 5_000), (2_000, 4_000), (4_000, 6_000)], [(5, 5)]),  # overlaps counted once
-    ([(0, 10_000), (10_000, 20_000)], [(8_000, 12_000)], [(2, 8), (2, 8)]),  # a kernel across two steps is split
-    ([(5_000, 10_000)], [(0, 4_000), (11_000, 12_000)], [(0, 5)]),  # kernels outside the step do not count
+    # (busy, idle, lead, tail) per step: microseconds in, milliseconds out
+    ([(0, 10_000)], [], [(0, 10, 10, 0)]),  # no kernel: all of it idle, before a first kernel that never came
+    ([(0, 10_000), (10_000, 30_000)], [(1_000, 3_000), (12_000, 20_000), (25_000, 29_000)],
+     [(2, 8, 1, 7), (12, 8, 2, 1)]),  # the second step's 5 ms between its kernels are neither lead nor tail
+    ([(0, 10_000)], [(1_000, 5_000), (2_000, 4_000), (4_000, 6_000)], [(5, 5, 1, 4)]),  # overlaps counted once
+    ([(0, 10_000)], [(1_000, 8_000), (2_000, 4_000)], [(7, 3, 1, 2)]),  # the tail runs from the latest end
+    ([(0, 10_000), (10_000, 20_000)], [(8_000, 12_000)], [(2, 8, 8, 0), (2, 8, 0, 8)]),  # split across two steps
+    ([(5_000, 10_000)], [(0, 4_000), (11_000, 12_000)], [(0, 5, 5, 0)]),  # kernels outside the step do not count
 ])
 def test_each_step_has_its_own_kernel_and_idle_time(steps, kernels, expected):
-    assert step_device_time(steps, kernels) == expected
+    assert [astuple(t) for t in step_device_time(steps, kernels)] == expected
+
+
+@pytest.mark.parametrize("name, family", [
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0", "cudnn"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>(Flash_fwd_params)", "flash"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>(Flash_bwd_params)", "flash"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "efficient"),
+    ("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NNN", "gemm"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off", "gemm"),
+    ("triton_tem_fused_mm_3", "gemm"),
+    ("triton_red_fused__to_copy_add_div_expand_mul_pow_split_0", None),
+    ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl<...>>(int, ...)", None),
+])
+def test_a_kernel_is_placed_by_its_name(name, family):
+    assert kernel_family(name) == family
+
+
+class _Event(SimpleNamespace):
+    def __init__(self, name, device, us, annotation=False, start=0.0):
+        super().__init__(name=name, key=name, is_user_annotation=annotation, device_time=us, count=1,
+                         self_device_time_total=0.0 if device == "cuda" else us, self_cpu_time_total=0.0,
+                         device_type=torch.autograd.DeviceType.CUDA if device == "cuda"
+                         else torch.autograd.DeviceType.CPU,
+                         time_range=SimpleNamespace(start=start, end=start + us))
+
+
+class _Profile:
+    """What summarize reads of a torch.profiler profile, as one CUDA graph replay step shows it: kernels no
+    operator launched, and the step's range on the device beside them."""
+
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+    def key_averages(self):
+        return [e for e in self._events if e.device_type != torch.autograd.DeviceType.CUDA]
+
+
+def test_a_replayed_step_counts_its_kernels_once_and_names_them():
+    """The step's own range has a device-side span as long as its kernels: counting it as a kernel doubled the
+    step's kernel time (busy share 1.6 on a GPU) and operators launched nothing the breakdown could place."""
+    events = [_Event(f"{STEP_MARK}1", "cpu", 100_000.0), _Event(f"{STEP_MARK}1", "cuda", 80_000.0, annotation=True),
+              _Event("cudaGraphLaunch", "cpu", 50.0),
+              _Event("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NNN", "cuda", 50_000.0),
+              _Event("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "cuda", 20_000.0, start=50_000),
+              _Event("triton_poi_fused_mul_0", "cuda", 10_000.0, start=70_000)]
+    trace = summarize(_Profile(events), steps=1, wall_s=0.1)
+    assert (trace.kernel_ms, trace.busy_share) == (80.0, pytest.approx(0.8))
+    assert (trace.gemm_ms, trace.attention_ms, trace.attention_ran) == (50.0, 20.0, ("cudnn",))
+    assert trace.kernels_named_by == "kernel names"
 
 
 def test_the_steps_own_ranges_are_not_host_time():
@@ -83,6 +142,7 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     assert summary["host"]["launches"] == 0  # nothing launched on a CPU
     assert summary["step_kernel_ms"] == [0, 0]  # each step's own: no kernel, so all of it idle on the device
     assert all(0 < idle <= wall for idle, wall in zip(summary["step_idle_ms"], summary["step_wall_ms"]))
+    assert summary["step_lead_ms"] == summary["step_idle_ms"] and summary["step_tail_ms"] == [0, 0]
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
