@@ -72,8 +72,11 @@ class FlowMatching:
         return _shapes(cond)
 
     def noisy(self, x0: torch.Tensor, generator: torch.Generator):
-        noise = torch.randn(x0.shape, generator=generator)
-        sigma = torch.sigmoid(torch.randn((x0.shape[0],), generator=generator))
+        """x0 noised at a logit-normal sigma, the sigma and the target, on x0's device. The draws come from the
+        host's `generator` (the same noise on any device, and a checkpoint's generator state resumes it); the
+        arithmetic runs where x0 is, elementwise in fp32, so the same bits as on the host."""
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+        sigma = torch.sigmoid(torch.randn((x0.shape[0],), generator=generator)).to(x0.device)
         s = sigma.view(-1, 1, 1, 1)
         return (1 - s) * x0 + s * noise, sigma, self.target(x0, noise)
 
@@ -200,8 +203,10 @@ class SDXLObjective:
         return _shapes(cond)
 
     def noisy(self, x0: torch.Tensor, generator: torch.Generator):
-        noise = torch.randn(x0.shape, generator=generator)
-        t = torch.randint(0, self.scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator)
+        """As FlowMatching.noisy: host draws, arithmetic on x0's device (the scheduler moves its tables there)."""
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+        t = torch.randint(0, self.scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator
+                          ).to(x0.device)
         x_t = self.scheduler.add_noise(x0, noise, t)
         target = noise if self.prediction_type == "epsilon" else self.scheduler.get_velocity(x0, noise, t)
         return x_t, t, target

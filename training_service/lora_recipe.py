@@ -439,12 +439,14 @@ class LoraRecipe:
         return value.to(self.cfg.device)
 
     def step_inputs(self, index: int) -> StepInputs:
-        """Micro-batch `index` noised and on the device: what one forward takes."""
+        """Micro-batch `index` noised and on the device: what one forward takes. The host only draws the noise;
+        the noising runs on the device (the host's elementwise ops on a latent ran slow and uneven on a busy host,
+        and the GPU waited on them at each step's start)."""
         batch = self._batch(index)
-        x_t, t, target = self.objective.noisy(batch.x0, self.generator)
         # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
-        cond, target = self._cond_to_device(batch.cond), target.to(self.cfg.device)
-        return StepInputs(x_t.to(self.cfg.device, self.dtype), self._to_device(t), cond, target, batch)
+        x_t, t, target = self.objective.noisy(batch.x0.to(self.cfg.device), self.generator)
+        cond = self._cond_to_device(batch.cond)
+        return StepInputs(x_t.to(self.dtype), self._to_device(t), cond, target, batch)
 
     def loss(self, inputs: StepInputs) -> torch.Tensor:
         """The forward under the step's context (attention pin, autocast) and its MSE loss, in fp32."""
