@@ -73,19 +73,21 @@ def gpu_busy_share(fn, steps: int, table: Path | None = None) -> Trace | None:
 
 def trace_rows(name: str, trace: Trace, pinned: tuple[str, ...], replayed: bool) -> list[tuple]:
     """The (metric, value, unit, note) rows of one loop's trace. `replayed`: the step ran as CUDA graphs, whose
-    replays run no operators on the host, so their kernels have no owner and only the total is said."""
+    replays run no operators on the host: their GEMM and attention kernels are said only where the trace placed
+    them by their names (step_trace.kernel_name_breakdown), and only the total otherwise."""
     rows = [(f"{name}_gpu_busy_share", trace.busy_share, "fraction",
              "CUDA kernel time over wall time in a torch.profiler trace (the profiler adds host overhead)"),
             (f"{name}_kernel_ms_per_step", trace.kernel_ms, "ms", None)]
-    if not replayed:
+    if not replayed or trace.kernels_named_by == "kernel names":
         ran = ",".join(trace.attention_ran) or "none"
-        rows.append((f"{name}_attention_kernels_ran", ran, "kernels",
-                     "the fused SDPA kernels whose operators launched CUDA time in the traced steps"))
+        placed = f"the fused SDPA kernels that ran in the traced steps, by their {trace.kernels_named_by}"
+        rows.append((f"{name}_attention_kernels_ran", ran, "kernels", placed))
         if pinned and pinned[0] not in trace.attention_ran:
             rows.append((f"{name}_attention_pin_not_honoured", pinned[0], "kernel",
                          f"pinned {','.join(pinned)}, in this order; ran {ran}"))
-        rows += [(f"{name}_gemm_kernel_ms_per_step", trace.gemm_ms, "ms", None),
-                 (f"{name}_attention_kernel_ms_per_step", trace.attention_ms, "ms", None)]
+        rows += [(f"{name}_gemm_kernel_ms_per_step", trace.gemm_ms, "ms", f"by their {trace.kernels_named_by}"),
+                 (f"{name}_attention_kernel_ms_per_step", trace.attention_ms, "ms",
+                  f"by their {trace.kernels_named_by}")]
     rows += [(f"{name}_{metric}", value, unit, None) for metric, value, unit in host_rows(trace.host)]
     return rows + [(f"{name}_{call}_per_step", per_step, "calls", None) for call, per_step in sorted(trace.calls.items())]
 

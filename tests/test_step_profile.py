@@ -75,23 +75,25 @@ def test_host_breakdown(ops, host):
     assert rows["launches_per_step"] == (host["launches"], "calls")
 
 
-@pytest.mark.parametrize("ran, pinned, replayed, said, not_honoured", [
-    (("flash",), ("flash", "efficient"), False, "flash", None),
-    (("flash",), ("cudnn", "flash", "efficient"), False, "flash", "cudnn"),  # the pin did not take
-    ((), (), False, "none", None),  # no pin (the CPU), no fused kernel: nothing to flag
-    ((), ("flash", "efficient"), True, None, None),  # replayed graphs: kernels have no owner, nothing said
+@pytest.mark.parametrize("ran, pinned, replayed, named_by, said, not_honoured", [
+    (("flash",), ("flash", "efficient"), False, "operators", "flash", None),
+    (("flash",), ("cudnn", "flash", "efficient"), False, "operators", "flash", "cudnn"),  # the pin did not take
+    ((), (), False, "operators", "none", None),  # no pin (the CPU), no fused kernel: nothing to flag
+    ((), ("flash", "efficient"), True, "operators", None, None),  # replayed graphs, kernels not placed: not said
+    (("cudnn",), ("cudnn", "flash"), True, "kernel names", "cudnn", None),  # replayed, placed by their names
 ])
-def test_trace_rows_say_which_kernels_ran_and_flag_a_pin_that_did_not(ran, pinned, replayed, said, not_honoured):
+def test_trace_rows_say_which_kernels_ran_and_flag_a_pin_that_did_not(ran, pinned, replayed, named_by, said,
+                                                                      not_honoured):
     from benchmarks.step_profile import trace_rows
     from training_service.step_trace import Trace
 
-    trace = Trace(0.9, {"aten::item": 2.0}, 140.0, 80.0, 40.0 if ran else 0.0, ran)
+    trace = Trace(0.9, {"aten::item": 2.0}, 140.0, 80.0, 40.0 if ran else 0.0, ran, kernels_named_by=named_by)
     rows = {metric: value for metric, value, _unit, _note in trace_rows("bare", trace, pinned, replayed)}
     assert rows["bare_gpu_busy_share"] == 0.9 and rows["bare_kernel_ms_per_step"] == 140.0
     assert rows["bare_aten::item_per_step"] == 2.0
     assert rows.get("bare_attention_kernels_ran") == said
     assert rows.get("bare_attention_pin_not_honoured") == not_honoured
-    assert ("bare_gemm_kernel_ms_per_step" in rows) == (not replayed)
+    assert ("bare_gemm_kernel_ms_per_step" in rows) == (said is not None)
 
 
 @pytest.mark.parametrize("argv", [["--skip-guard-eval"], ["--compile", "--aot-blocks", "/tmp/x", "--skip-guard-eval"]])
