@@ -4,12 +4,13 @@ An operator's switch, the service's `--trace-steps FIRST:COUNT`: in every job, s
 (numbered from 1, as the stream numbers them) run under the profiler, and the job folder's `trace/` gets
 `summary.json` (each step's wall milliseconds and, on a GPU, its own kernel and idle milliseconds, and how much of
 the idle came before its first kernel and after its last, so steps of one shape that run at two speeds say whether
-the slow ones ran longer kernels or left the GPU waiting on the host, and where in the step; and per step on
-average: the share of it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused SDPA kernels ran,
-the host calls that launch, copy or wait, and the host's milliseconds in all and in guard checks, compiled graphs'
-wrappers and launches), `ops.txt` (the busiest operators by host and by device time) and
-`trace.json.gz` (the Chrome trace). Traced steps run slower than the others (the profiler's own host work), so the
-job's record says which steps were traced.
+the slow ones ran longer kernels or left the GPU waiting on the host, and where in the step; which host operators
+ran while the device was idle, and how much of the idle no operator covered; and per step on average: the share of
+it CUDA kernels ran, kernel, GEMM and attention milliseconds, which fused SDPA kernels ran, the host calls that
+launch, copy or wait, and the host's milliseconds in all and in guard checks, compiled graphs' wrappers and
+launches), `ops.txt` (the busiest operators by host and by device time) and `trace.json.gz` (the Chrome trace).
+Traced steps run slower than the others (the profiler's own host work), so the job's record says which steps were
+traced.
 
 The summary is what benchmarks/step_profile computes of its bare loops, so a job's step and a bare loop's compare.
 """
@@ -130,20 +131,70 @@ class StepDeviceTime:
     tail: float
 
 
+def _merged(start: float, end: float, kernels: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The intervals within (start, end) in which some kernel ran, overlaps merged, in order."""
+    merged: list[tuple[float, float]] = []
+    for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
+        if merged and k_start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], k_end))
+        else:
+            merged.append((k_start, k_end))
+    return merged
+
+
 def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]]) -> list[StepDeviceTime]:
     """Per step, given as its (start, end) on the profiler's clock in microseconds, its StepDeviceTime.
     `kernels`: (start, end) of each."""
     out = []
     for start, end in steps:
-        busy, reach, first = 0.0, start, None
-        for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
-            first = k_start if first is None else first
-            if k_end > reach:
-                busy += k_end - max(k_start, reach)
-                reach = k_end
-        lead, tail = (end - start, 0.0) if first is None else (first - start, end - reach)
+        merged = _merged(start, end, kernels)
+        busy = sum(b - a for a, b in merged)
+        lead, tail = (merged[0][0] - start, end - merged[-1][1]) if merged else (end - start, 0.0)
         out.append(StepDeviceTime(*(round(us / 1e3, 3) for us in (busy, end - start - busy, lead, tail))))
     return out
+
+
+NO_OPERATOR = "(no operator: the host's own code)"
+OTHER_OPERATORS = "(other operators)"
+
+
+def top_level(ops: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """Of one thread's (name, start, end) operators, those no other contains: what that thread itself called."""
+    out: list[tuple[str, float, float]] = []
+    for name, start, end in sorted(ops, key=lambda op: (op[1], -op[2])):
+        if not out or start >= out[-1][2]:
+            out.append((name, start, end))
+    return out
+
+
+def idle_host_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]],
+                   host_ops: list[tuple[str, float, float]], keep: int = 12) -> dict[str, float]:
+    """What the host was doing while the device ran no kernel, in milliseconds per step: for each top-level host
+    operator (`host_ops`: (name, start, end), each thread's top_level), the time it overlapped the steps' device
+    idle; NO_OPERATOR the idle that no operator of any thread overlapped (the host's Python between calls); the
+    `keep` largest named, the rest under OTHER_OPERATORS. Two threads' operators at once (the main thread's and the
+    autograd engine's) both count, so the named can add up to more than the idle. Microseconds in."""
+    spent: dict[str, float] = {}
+    for start, end in steps:
+        merged = _merged(start, end, kernels)
+        edges = [start] + [t for interval in merged for t in interval] + [end]
+        gaps = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+        pieces = []
+        for name, op_start, op_end in host_ops:
+            if op_end <= start or op_start >= end:
+                continue
+            mine = [(max(a, op_start), min(b, op_end)) for a, b in gaps if min(b, op_end) > max(a, op_start)]
+            if mine:
+                spent[name] = spent.get(name, 0.0) + sum(b - a for a, b in mine)
+                pieces += mine
+        covered = sum(b - a for a, b in _merged(start, end, pieces))
+        spent[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0) + sum(b - a for a, b in gaps) - covered
+    named = sorted(((us, name) for name, us in spent.items() if name != NO_OPERATOR), reverse=True)
+    out = {name: us for us, name in named[:keep]}
+    if rest := sum(us for us, _ in named[keep:]):
+        out[OTHER_OPERATORS] = rest
+    out[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0)
+    return {name: round(us / 1e3 / max(1, len(steps)), 3) for name, us in out.items()}
 
 
 def device_kernels(events) -> list:
@@ -155,14 +206,21 @@ def device_kernels(events) -> list:
     return [e for e in events if e.device_type == cuda and not e.is_user_annotation]
 
 
-def _step_ranges_and_kernels(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def _step_ranges_kernels_and_host_ops(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]],
+                                                       list[tuple[str, float, float]]]:
+    """The steps' ranges, the kernels, and each host thread's top-level operators."""
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
     marks = sorted((int(e.name[len(STEP_MARK):]), e.time_range.start, e.time_range.end) for e in events
                    if e.name.startswith(STEP_MARK) and e.device_type != cuda)
     kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
-    return [(a, b) for _, a, b in marks], kernels
+    by_thread: dict[int, list[tuple[str, float, float]]] = {}
+    for e in events:
+        if e.device_type != cuda and not e.name.startswith(STEP_MARK):
+            by_thread.setdefault(e.thread, []).append((e.name, e.time_range.start, e.time_range.end))
+    host_ops = [op for ops in by_thread.values() for op in top_level(ops)]
+    return [(a, b) for _, a, b in marks], kernels, host_ops
 
 
 @dataclass(frozen=True)
@@ -267,13 +325,15 @@ class StepTracer:
         events = prof.events()
         trace = summarize(prof, steps, wall, self.directory / "ops.txt", events)
         prof.export_chrome_trace(str(self.directory / "trace.json.gz"))
-        device_time = step_device_time(*_step_ranges_and_kernels(events))[:steps]
+        ranges, kernels, host_ops = _step_ranges_kernels_and_host_ops(events)
+        device_time = step_device_time(ranges[:steps], kernels)
         self.summary = {"first_step": self.first, "steps": steps, "device": "cuda" if self.cuda else "cpu",
                         "step_wall_ms": [round((b - a) * 1e3, 2) for a, b in zip(self._marks, self._marks[1:])],
                         "step_kernel_ms": [t.busy for t in device_time],
                         "step_idle_ms": [t.idle for t in device_time],
                         "step_lead_ms": [t.lead for t in device_time],
                         "step_tail_ms": [t.tail for t in device_time],
+                        "idle_host_ms": idle_host_time(ranges[:steps], kernels, host_ops),
                         **asdict(trace)}
         (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
         self.say(f"steps {self.first}-{self.first + steps - 1} traced into {self.directory}")

@@ -17,8 +17,9 @@ from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
-from training_service.step_trace import (MAX_TRACED, STEP_MARK, host_breakdown, kernel_family, parse_window,
-                                         step_device_time, summarize)
+from training_service.step_trace import (MAX_TRACED, NO_OPERATOR, OTHER_OPERATORS, STEP_MARK, host_breakdown,
+                                         idle_host_time, kernel_family, parse_window, step_device_time, summarize,
+                                         top_level)
 
 
 @pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
@@ -38,6 +39,40 @@ def test_a_window_reads_as_first_step_and_count(text, window):
 ])
 def test_each_step_has_its_own_kernel_and_idle_time(steps, kernels, expected):
     assert [astuple(t) for t in step_device_time(steps, kernels)] == expected
+
+
+@pytest.mark.parametrize("ops, expected", [
+    ([("a", 0, 10), ("b", 2, 4), ("c", 10, 12)], [("a", 0, 10), ("c", 10, 12)]),  # b is a's child
+    ([("b", 2, 4), ("a", 0, 10)], [("a", 0, 10)]),  # in any order
+    ([("a", 0, 10), ("a2", 0, 4)], [("a", 0, 10)]),  # same start: the longer one is the caller
+    ([], []),
+])
+def test_top_level_operators_are_those_no_other_contains(ops, expected):
+    assert top_level(ops) == expected
+
+
+@pytest.mark.parametrize("steps, kernels, ops, expected", [
+    # a step of 10 ms: the host makes inputs for 3 ms, the device runs 5 ms, the host reads the loss back for 2
+    ([(0, 10_000)], [(3_000, 8_000)], [("aten::mul", 0, 2_000), ("aten::item", 8_000, 10_000)],
+     {"aten::mul": 2.0, "aten::item": 2.0, NO_OPERATOR: 1.0}),
+    # an operator that launches the kernels counts only while the device is idle
+    ([(0, 10_000)], [(3_000, 8_000)], [("## Call CompiledFxGraph f1", 2_000, 9_000)],
+     {"## Call CompiledFxGraph f1": 2.0, NO_OPERATOR: 3.0}),
+    # two steps: per step; two threads at once both count, the uncovered idle once
+    ([(0, 10_000), (10_000, 20_000)], [(2_000, 10_000), (12_000, 20_000)],
+     [("aten::mul", 0, 2_000), ("autograd", 1_000, 2_000), ("aten::mul", 10_000, 11_000)],
+     {"aten::mul": 1.5, "autograd": 0.5, NO_OPERATOR: 0.5}),
+    ([(0, 10_000)], [(0, 10_000)], [("aten::mm", 0, 10_000)], {NO_OPERATOR: 0.0}),  # never idle
+])
+def test_the_devices_idle_time_is_placed_on_the_host_operators_that_ran_then(steps, kernels, ops, expected):
+    assert idle_host_time(steps, kernels, ops) == pytest.approx(expected)
+
+
+def test_idle_time_keeps_the_largest_operators_and_adds_up_the_rest():
+    ops = [(f"op{i}", i * 1_000, i * 1_000 + (i + 1) * 10) for i in range(5)]
+    got = idle_host_time([(0, 10_000)], [], ops, keep=2)
+    assert list(got)[:2] == ["op4", "op3"] and got[OTHER_OPERATORS] == pytest.approx(0.06)
+    assert sum(got.values()) == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize("name, family", [
@@ -143,6 +178,9 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     assert summary["step_kernel_ms"] == [0, 0]  # each step's own: no kernel, so all of it idle on the device
     assert all(0 < idle <= wall for idle, wall in zip(summary["step_idle_ms"], summary["step_wall_ms"]))
     assert summary["step_lead_ms"] == summary["step_idle_ms"] and summary["step_tail_ms"] == [0, 0]
+    idle = summary["idle_host_ms"]  # on a CPU the device is idle throughout: every operator the step ran is here
+    assert any(name.startswith("aten::") for name in idle) and NO_OPERATOR in idle
+    assert sum(idle.values()) >= 0.9 * sum(summary["step_idle_ms"]) / 2
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
