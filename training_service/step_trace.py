@@ -16,6 +16,7 @@ The summary is what benchmarks/step_profile computes of its bare loops, so a job
 """
 from __future__ import annotations
 
+import bisect
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -131,10 +132,27 @@ class StepDeviceTime:
     tail: float
 
 
-def _merged(start: float, end: float, kernels: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The intervals within (start, end) in which some kernel ran, overlaps merged, in order."""
+class _Spans:
+    """(start, end, ...) tuples sorted by start, so that those overlapping a window are found without a scan."""
+
+    def __init__(self, spans):
+        self.spans = sorted(spans, key=lambda span: span[0])
+        self.starts = [span[0] for span in self.spans]
+        self.longest = max((span[1] - span[0] for span in self.spans), default=0.0)
+
+    def overlapping(self, start: float, end: float) -> list:
+        first = bisect.bisect_left(self.starts, start - self.longest)
+        last = bisect.bisect_left(self.starts, end)
+        return [span for span in self.spans[first:last] if span[1] > start]
+
+
+def _merged(start: float, end: float, kernels) -> list[tuple[float, float]]:
+    """The intervals within (start, end) in which some kernel ran, overlaps merged, in order. `kernels`: (start,
+    end) pairs, or a _Spans of them."""
+    spans = kernels.overlapping(start, end) if isinstance(kernels, _Spans) else [
+        k for k in kernels if k[0] < end and k[1] > start]
     merged: list[tuple[float, float]] = []
-    for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b in kernels if a < end and b > start):
+    for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b, *_ in spans):
         if merged and k_start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(merged[-1][1], k_end))
         else:
@@ -145,7 +163,7 @@ def _merged(start: float, end: float, kernels: list[tuple[float, float]]) -> lis
 def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]]) -> list[StepDeviceTime]:
     """Per step, given as its (start, end) on the profiler's clock in microseconds, its StepDeviceTime.
     `kernels`: (start, end) of each."""
-    out = []
+    out, kernels = [], _Spans(kernels)
     for start, end in steps:
         merged = _merged(start, end, kernels)
         busy = sum(b - a for a, b in merged)
@@ -175,20 +193,19 @@ def idle_host_time(steps: list[tuple[float, float]], kernels: list[tuple[float, 
     `keep` largest named, the rest under OTHER_OPERATORS. Two threads' operators at once (the main thread's and the
     autograd engine's) both count, so the named can add up to more than the idle. Microseconds in."""
     spent: dict[str, float] = {}
+    kernels, ops = _Spans(kernels), _Spans((op_start, op_end, name) for name, op_start, op_end in host_ops)
     for start, end in steps:
         merged = _merged(start, end, kernels)
         edges = [start] + [t for interval in merged for t in interval] + [end]
-        gaps = [(a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a]
+        gaps = _Spans((a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a)
         pieces = []
-        for name, op_start, op_end in host_ops:
-            if op_end <= start or op_start >= end:
-                continue
-            mine = [(max(a, op_start), min(b, op_end)) for a, b in gaps if min(b, op_end) > max(a, op_start)]
+        for op_start, op_end, name in ops.overlapping(start, end):
+            mine = [(max(a, op_start), min(b, op_end)) for a, b in gaps.overlapping(op_start, op_end)]
             if mine:
                 spent[name] = spent.get(name, 0.0) + sum(b - a for a, b in mine)
                 pieces += mine
         covered = sum(b - a for a, b in _merged(start, end, pieces))
-        spent[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0) + sum(b - a for a, b in gaps) - covered
+        spent[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0) + sum(b - a for a, b in gaps.spans) - covered
     named = sorted(((us, name) for name, us in spent.items() if name != NO_OPERATOR), reverse=True)
     out = {name: us for us, name in named[:keep]}
     if rest := sum(us for us, _ in named[keep:]):
