@@ -189,7 +189,8 @@ def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
     for key in ("kernel_ms", "gemm_ms", "attention_ms"):
         record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms",
                **({"note": f"kernels placed by their {named}"} if key != "kernel_ms" else {}))
-    record(mode, "attention_kernels_ran", ",".join(summary["attention_ran"]) or "none", "kernels")
+    record(mode, "attention_kernels_ran", ",".join(summary["attention_ran"]) or "none", "kernels",
+           note=f"placed by their {named}")
     for metric, value, unit in host_rows(summary.get("host", {})):  # traces written before it have none
         record(mode, metric, value, unit, **({"note": "the host's own time, under the profiler"}
                                              if metric == "host_ms_per_step" else {}))
