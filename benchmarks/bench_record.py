@@ -16,9 +16,16 @@ class Recorder:
         self.date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def __call__(self, mode: str, metric: str, value: float, unit: str, **extra) -> None:
-        row = {"bench": self.bench, "model": self.family, "mode": mode, "metric": metric,
-               "value": round(value, 4) if isinstance(value, float) else value, "unit": unit, "host": self.host,
-               "command": self.command, "code": self.code, "date": self.date, **extra}
+        self.write({"bench": self.bench, "model": self.family, "mode": mode, "metric": metric,
+                    "value": round(value, 4) if isinstance(value, float) else value, "unit": unit, **self.stamp(),
+                    **extra})
+
+    def stamp(self) -> dict:
+        """What every row says of where it was measured: the host, the command, the code and the date."""
+        return {"host": self.host, "command": self.command, "code": self.code, "date": self.date}
+
+    def write(self, row: dict) -> None:
+        """Prints a row and appends it to the output file: for a bench whose rows are not per model and mode."""
         print(json.dumps(row), flush=True)
         if self.out:
             with self.out.open("a") as f:

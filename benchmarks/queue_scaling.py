@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import grpc
 
-from benchmarks.bench_record import code_version, portable_command
+from benchmarks.bench_record import Recorder
 from benchmarks.broker_bench import host_description
 from diffusion.v1 import broker_pb2, broker_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
@@ -74,19 +72,12 @@ def main() -> None:
     counts = [int(x) for x in args.waiters.split(",")]
     broker = start_service("gpu_broker", "--fake-devices", "1x24GiB", "--max-waiters", str(max(counts) + 10),
                            "--log-level", "WARNING")
-    command = portable_command("python -m benchmarks.queue_scaling " + " ".join(sys.argv[1:]), args.out)
-    host = host_description()
-
-    code = code_version()
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    recorder = Recorder("broker-queue", args.out, "", "python -m benchmarks.queue_scaling " + " ".join(sys.argv[1:]),
+                        host_description())
 
     def record(n, metric, value, unit, **extra):
-        line = json.dumps({"bench": "broker-queue", "waiters": n, "metric": metric, "value": round(value, 4),
-                           "unit": unit, "host": host, "command": command, "date": date, "code": code, **extra})
-        print(line, flush=True)
-        if args.out:
-            with args.out.open("a") as f:
-                f.write(line + "\n")
+        recorder.write({"bench": "broker-queue", "waiters": n, "metric": metric, "value": round(value, 4),
+                        "unit": unit, **recorder.stamp(), **extra})
 
     try:
         for n in counts:
