@@ -146,11 +146,8 @@ class _Spans:
         return [span for span in self.spans[first:last] if span[1] > start]
 
 
-def _merged(start: float, end: float, kernels) -> list[tuple[float, float]]:
-    """The intervals within (start, end) in which some kernel ran, overlaps merged, in order. `kernels`: (start,
-    end) pairs, or a _Spans of them."""
-    spans = kernels.overlapping(start, end) if isinstance(kernels, _Spans) else [
-        k for k in kernels if k[0] < end and k[1] > start]
+def _merged(start: float, end: float, spans) -> list[tuple[float, float]]:
+    """The union of `spans` (each overlapping the window (start, end)) within the window, in order."""
     merged: list[tuple[float, float]] = []
     for k_start, k_end in sorted((max(a, start), min(b, end)) for a, b, *_ in spans):
         if merged and k_start <= merged[-1][1]:
@@ -165,7 +162,7 @@ def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float
     `kernels`: (start, end) of each."""
     out, kernels = [], _Spans(kernels)
     for start, end in steps:
-        merged = _merged(start, end, kernels)
+        merged = _merged(start, end, kernels.overlapping(start, end))
         busy = sum(b - a for a, b in merged)
         lead, tail = (merged[0][0] - start, end - merged[-1][1]) if merged else (end - start, 0.0)
         out.append(StepDeviceTime(*(round(us / 1e3, 3) for us in (busy, end - start - busy, lead, tail))))
@@ -195,7 +192,7 @@ def idle_host_time(steps: list[tuple[float, float]], kernels: list[tuple[float, 
     spent: dict[str, float] = {}
     kernels, ops = _Spans(kernels), _Spans((op_start, op_end, name) for name, op_start, op_end in host_ops)
     for start, end in steps:
-        merged = _merged(start, end, kernels)
+        merged = _merged(start, end, kernels.overlapping(start, end))
         edges = [start] + [t for interval in merged for t in interval] + [end]
         gaps = _Spans((a, b) for a, b in zip(edges[::2], edges[1::2]) if b > a)
         pieces = []
