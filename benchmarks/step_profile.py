@@ -44,7 +44,7 @@ import torch
 
 from benchmarks.bench_record import Recorder, host_description
 from benchmarks.training_bench import CAPTION, RESOLUTION, ensure_base, make_dataset
-from training_service.denoiser_setup import lora_inputs_as_given, step_autocast
+from training_service.denoiser_setup import lora_inputs_for_step
 from training_service.step_trace import Trace, host_rows, summarize
 
 
@@ -136,8 +136,7 @@ def built_model_step(recipe):
     params = [p for p in fresh.parameters() if p.requires_grad]
     for p in params:
         p.data = p.data.float()
-    if step_autocast(device, recipe.dtype) is not None:
-        lora_inputs_as_given(fresh)  # as the recipe's model: only how it was made differs
+    lora_inputs_for_step(fresh, device, recipe.dtype)  # as the recipe's model: only how it was made differs
     optimizer = torch.optim.AdamW(params, lr=recipe.cfg.learning_rate)
     inputs = recipe.step_inputs(0)
 

@@ -51,6 +51,12 @@ def lora_inputs_as_given(model: torch.nn.Module) -> int:
     return len(layers)
 
 
+def lora_inputs_for_step(model: torch.nn.Module, device: str, dtype: torch.dtype) -> int:
+    """The LoRA layers take their input as given where the step autocasts (step_autocast), and keep peft's cast
+    elsewhere; returns how many layers changed."""
+    return lora_inputs_as_given(model) if step_autocast(device, dtype) is not None else 0
+
+
 @dataclass
 class Denoiser:
     model: torch.nn.Module
@@ -101,8 +107,7 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.data = p.data.to(device=device, dtype=torch.float32)
-    if step_autocast(device, dtype) is not None:
-        lora_inputs_as_given(model)
+    lora_inputs_for_step(model, device, dtype)
 
     if precision == Precision.INT8:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
