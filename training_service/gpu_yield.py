@@ -1,12 +1,10 @@
 """A training job's side of sharing its GPU with inference: it waits while the broker asks batch work on its
 device to yield (a busy interactive holder, gpu_broker.compute_share), and says so on its stream.
 
-The recipe calls the gate at two points of every step: between steps and between a forward pass and its backward
-(the backward is most of a step, so inference gets the GPU up to that much sooner; the forward's activations stay
-in memory, within the lease). The recipe keeps one step queued on the device ahead of the host, so before it
-pauses the gate drains that work (the recipe reads the queued step back and reports it); between steps a job
-that says it is paused has nothing left running on the GPU, and between passes at most the forward's last
-kernels. A paused job keeps its memory and lease.
+The recipe calls the gate at two points of every step: between steps (the step before has finished on the
+device: its loss was read) and between a forward pass and its backward (the backward is most of a step, so
+inference gets the GPU up to that much sooner; the forward's last kernels may still finish, and its
+activations stay in memory, within the lease). A paused job keeps its memory and lease.
 """
 from __future__ import annotations
 
@@ -35,13 +33,11 @@ class YieldGate:
         """It may resume at full rate (or it is stopping)."""
         self._resume.set()
 
-    def __call__(self, step: int, where: str = "between steps", drain: Callable[[], None] = lambda: None) -> float:
+    def __call__(self, step: int, where: str = "between steps") -> float:
         """At a pause point (`where`: between steps, or between a step's forward and backward passes): returns at
-        once unless asked to yield, else drains the job's queued device work and returns once resumed or
-        stopping. Returns the seconds it waited (the drain is the job's own work, not counted)."""
+        once unless asked to yield, else once resumed or stopping. Returns the seconds it waited."""
         if self._resume.is_set():
             return 0.0
-        drain()
         t0 = time.monotonic()
         who = f"{self._to!r}" if self._to else "an interactive holder"
         at = f"after step {step}" if where == "between steps" else f"{where} {step + 1}"

@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-from training_service.host_upload import upload
-
 
 @dataclass
 class Batch:
@@ -77,8 +75,8 @@ class FlowMatching:
         """x0 noised at a logit-normal sigma, the sigma and the target, on x0's device. The draws come from the
         host's `generator` (the same noise on any device, and a checkpoint's generator state resumes it); the
         arithmetic runs where x0 is, elementwise in fp32, so the same bits as on the host."""
-        noise = upload(torch.randn(x0.shape, generator=generator), x0.device)
-        sigma = upload(torch.sigmoid(torch.randn((x0.shape[0],), generator=generator)), x0.device)
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+        sigma = torch.sigmoid(torch.randn((x0.shape[0],), generator=generator)).to(x0.device)
         s = sigma.view(-1, 1, 1, 1)
         return (1 - s) * x0 + s * noise, sigma, self.target(x0, noise)
 
@@ -132,7 +130,7 @@ class FluxObjective(FlowMatching):
         from diffusers import FluxPipeline
 
         b, _, h, w = x_t.shape
-        img_ids = upload(FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, "cpu", x_t.dtype), x_t.device)
+        img_ids = FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, x_t.device, x_t.dtype)
         txt_ids = torch.zeros(cond["embeds"].shape[1], 3, device=x_t.device, dtype=x_t.dtype)
         guidance = (torch.full((b,), self.guidance, device=x_t.device, dtype=torch.float32)
                     if model.config.guidance_embeds else None)
@@ -206,15 +204,15 @@ class SDXLObjective:
 
     def noisy(self, x0: torch.Tensor, generator: torch.Generator):
         """As FlowMatching.noisy: host draws, arithmetic on x0's device (the scheduler moves its tables there)."""
-        noise = upload(torch.randn(x0.shape, generator=generator), x0.device)
-        t = upload(torch.randint(0, self.scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator),
-                   x0.device)
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+        t = torch.randint(0, self.scheduler.config.num_train_timesteps, (x0.shape[0],), generator=generator
+                          ).to(x0.device)
         x_t = self.scheduler.add_noise(x0, noise, t)
         target = noise if self.prediction_type == "epsilon" else self.scheduler.get_velocity(x0, noise, t)
         return x_t, t, target
 
     def predict(self, model, x_t, t, cond, batch: Batch):
-        time_ids = upload(torch.tensor(batch.geometry), x_t.device, x_t.dtype)
+        time_ids = torch.tensor(batch.geometry, device=x_t.device, dtype=x_t.dtype)
         return model(x_t, t, encoder_hidden_states=cond["embeds"],
                      added_cond_kwargs={"text_embeds": cond["pooled"], "time_ids": time_ids}, return_dict=False)[0]
 

@@ -18,7 +18,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
@@ -31,7 +31,6 @@ from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.graph_choice import graphs_over_shapes
-from training_service.host_upload import upload
 from training_service.denoiser_setup import load_denoiser, step_autocast, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
@@ -75,71 +74,6 @@ class StepInputs:
     cond: dict
     target: torch.Tensor
     batch: Batch
-
-
-class PausePoint(Protocol):
-    def __call__(self, step: int, where: str, drain: Callable[[], None]) -> float:
-        """May wait at a pause point of step `step` (between steps, or between its forward and backward passes);
-        before waiting, calls drain() so the device has finished what the job queued on it. Returns the seconds
-        it waited."""
-
-
-@dataclass
-class _QueuedStep:
-    """A step whose work is queued on the device, with what its report needs once its loss is read back."""
-    step: int  # 1-based: the steps finished once it has
-    loss: torch.Tensor
-    grad_norm: torch.Tensor
-    lr: float
-    images: int
-    began: float  # the host's clock as its launch began, after any pause before it
-    yielded_before: float  # seconds the run had yielded by then
-
-
-class _StepReader:
-    """One train() call's queued step: read back (which waits for the device to finish it), checked and
-    reported. A step is read once the next is queued behind it (queue), or when the loop needs the device to
-    have finished it (drain)."""
-
-    def __init__(self, recipe: "LoraRecipe", first_step: int):
-        self.recipe = recipe
-        self.first_step = first_step
-        self.started = time.perf_counter()
-        self.yielded = 0.0  # seconds this call paused for inference
-        self._queued: _QueuedStep | None = None
-        self._read_at, self._yielded_at_read = self.started, 0.0  # when the last read step was done, and yielded
-
-    def queue(self, step: _QueuedStep) -> None:
-        """`step`'s work is queued: the step before it is read now, behind it."""
-        self.drain()
-        self._queued = step
-
-    def drain(self) -> None:
-        """Reads and reports the queued step, if any."""
-        q, self._queued = self._queued, None
-        if q is None:
-            return
-        r = self.recipe
-        value = float(q.loss)
-        if not math.isfinite(value):
-            raise TrainingDiverged(q.step, value)
-        r.state.losses.append(value)
-        now = time.perf_counter()
-        # its own time: from its launch, or from the step before it finishing if it was queued behind that one;
-        # less what the run yielded meanwhile (a pause drains first, so none falls after a step's launch unread)
-        since, yielded_since = ((q.began, q.yielded_before) if q.began >= self._read_at
-                                else (self._read_at, self._yielded_at_read))
-        own = now - since - (self.yielded - yielded_since)
-        self._read_at, self._yielded_at_read = now, self.yielded
-        window = r.state.losses[-20:]
-        cuda = r.cfg.device.startswith("cuda")
-        peak = torch.cuda.max_memory_allocated() if cuda else 0
-        reserved = torch.cuda.max_memory_reserved() if cuda else 0
-        per_step = (now - self.started - self.yielded) / (q.step - self.first_step)
-        r.emit("step", asdict(StepReport(
-            q.step, r.cfg.steps, value, sum(window) / len(window), q.lr, float(q.grad_norm),
-            q.images / max(1e-9, own), peak, now - self.started, per_step * (r.cfg.steps - q.step), self.yielded,
-            reserved)))
 
 
 @dataclass
@@ -500,15 +434,17 @@ class LoraRecipe:
     def _to_device(self, value):
         if isinstance(value, list):
             return [self._to_device(v) for v in value]
-        return upload(value, self.cfg.device, self.dtype if value.is_floating_point() else None)
+        if value.is_floating_point():
+            return value.to(self.cfg.device, self.dtype)
+        return value.to(self.cfg.device)
 
     def step_inputs(self, index: int) -> StepInputs:
         """Micro-batch `index` noised and on the device: what one forward takes. The host only draws the noise;
         the noising runs on the device (the host's elementwise ops on a latent ran slow and uneven on a busy host,
-        and the GPU waited on them at each step's start). Every copy joins the device's queue without waiting for
-        it (host_upload), so the host makes these while the device still runs the step before."""
+        and the GPU waited on them at each step's start)."""
         batch = self._batch(index)
-        x_t, t, target = self.objective.noisy(upload(batch.x0, self.cfg.device), self.generator)
+        # every host-to-device copy before the forward is queued: a pageable copy waits for the stream
+        x_t, t, target = self.objective.noisy(batch.x0.to(self.cfg.device), self.generator)
         cond = self._cond_to_device(batch.cond)
         return StepInputs(x_t.to(self.dtype), self._to_device(t), cond, target, batch)
 
@@ -525,50 +461,40 @@ class LoraRecipe:
 
     def train(self, should_stop: Callable[[], bool] = lambda: False, checkpoint_dir: Path | None = None,
               sample_dir: Path | None = None, until_step: int | None = None,
-              pause: PausePoint | None = None, trace_dir: Path | None = None) -> RunState:
-        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where,
-        drain)` runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
-        yielded to inference; it calls drain() first) and returns the seconds it waited. With cfg.trace_steps, those
-        steps run under the profiler and `trace_dir` gets what it saw (step_trace).
-
-        A step's loss and gradient norm are read back once the next step is queued behind it, so the device runs
-        one step while the host makes the next one's inputs, sends the last one's report and launches the next:
-        read at once, the device sat idle for all of the host's work between steps. The report and the
-        non-finite check follow the read; a checkpoint, a sample, a pause, a traced step and the loop's end read
-        the queued step first."""
+              pause: Callable[[int, str], float] | None = None, trace_dir: Path | None = None) -> RunState:
+        """Steps until cfg.steps (or `until_step`, sooner) or until should_stop() says so. `pause(step, where)`
+        runs at each step boundary and between each forward and backward pass (it may wait there: the GPU is
+        yielded to inference) and returns the seconds it waited. With cfg.trace_steps, those steps run under the
+        profiler and `trace_dir` gets what it saw (step_trace)."""
         device = self.cfg.device
         last = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         tracer = self._tracer(trace_dir, last)
-        reader = _StepReader(self, first_step=self.state.step)
-        last_saved = reader.started
-
-        def wait_at(step: int, where: str) -> float:
-            waited = pause(step, where, reader.drain) if pause else 0.0
-            reader.yielded += waited
-            return waited
-
+        started, first_step = time.perf_counter(), self.state.step
+        last_saved = started
+        yielded = 0.0
         while self.state.step < last and not should_stop():
-            wait_at(self.state.step, "between steps")
-            if should_stop():
-                break
-            traced = tracer is not None and tracer.covers(self.state.step + 1)
-            if traced:
-                reader.drain()  # a traced step runs alone: the trace splits each step's own time
+            if pause:
+                yielded += pause(self.state.step, "between steps")
+                if should_stop():
+                    break
+            if tracer:
                 tracer.before(self.state.step)
-            began, yielded_before = time.perf_counter(), reader.yielded
+            t0 = time.perf_counter()
             if self.compiled and self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
             noise_state = self.generator.get_state() if self.compiled else None
             try:
-                loss, images = self._accumulate_gradients(self.state.step, wait_at if pause else None)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
             except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
                 if not (self.compiled and compile_failed(e)):
                     raise
                 self._stop_compiling(e)
                 self.generator.set_state(noise_state)  # the same noise as the step that failed would have had
-                loss, images = self._accumulate_gradients(self.state.step, wait_at if pause else None)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+            yielded += waited
+            t0 += waited  # the step's own time, for its images per second
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -581,24 +507,31 @@ class LoraRecipe:
             self.schedule.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.state.step += 1
-            self._say_eager_calls()  # counted on the host as the blocks were called: known before the read
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise TrainingDiverged(self.state.step, value)
+            self.state.losses.append(value)
+            self._say_eager_calls()
             self._say_graph_skips()
             self._say_recompile_limits()
-            reader.queue(_QueuedStep(self.state.step, loss.detach(), grad_norm.detach(), lr, images, began,
-                                     yielded_before))
-            if traced:
-                reader.drain()
+            now = time.perf_counter()
+            window = self.state.losses[-20:]
+            peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+            reserved = torch.cuda.max_memory_reserved() if device.startswith("cuda") else 0
+            per_step = (now - started - yielded) / (self.state.step - first_step)
+            self.emit("step", asdict(StepReport(
+                self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
+                float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
+                per_step * (self.cfg.steps - self.state.step), yielded, reserved)))
+            if tracer:
                 tracer.after(self.state.step)
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
             if checkpoint_dir and ((every and self.state.step % every == 0)
                                    or (minutes and time.perf_counter() - last_saved >= minutes * 60)):
-                reader.drain()
                 self.save_checkpoint(checkpoint_dir)
                 last_saved = time.perf_counter()
             if sample_dir and self.cfg.sample_every and self.state.step % self.cfg.sample_every == 0:
-                reader.drain()
                 self.render_samples(sample_dir)
-        reader.drain()
         if tracer:
             tracer.finish()  # stopped inside the window: what it saw
         return self.state
@@ -653,20 +586,20 @@ class LoraRecipe:
             self.emit("resolved", {"resolved": [record.to_dict()]})
 
     def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None
-                              ) -> tuple[torch.Tensor, int]:
-        """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient.
-        `pause` may wait between a forward and its backward (the backward is most of a step: a pause here lets
-        inference in up to that much sooner than waiting for the step's end)."""
-        parts, images = [], 0
+                              ) -> tuple[torch.Tensor, int, float]:
+        """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient; and
+        the seconds `pause` waited between a forward and its backward (the backward is most of a step: a pause
+        here lets inference in up to that much sooner than waiting for the step's end)."""
+        parts, images, waited = [], 0, 0.0
         for k in range(self.cfg.accumulation):
             inputs = self.step_inputs(step * self.cfg.accumulation + k)
             loss = self.loss(inputs) / self.cfg.accumulation
             if pause:
-                pause(step, "between the forward and backward passes of step")
+                waited += pause(step, "between the forward and backward passes of step")
             self.backward(loss)
             parts.append(loss.detach())
             images += len(inputs.batch.geometry)
-        return torch.stack(parts).sum(), images
+        return torch.stack(parts).sum(), images, waited
 
     # ---- sample images -------------------------------------------------------------------------------
 

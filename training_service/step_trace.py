@@ -294,10 +294,6 @@ class StepTracer:
 
             torch.cuda.synchronize()
 
-    def covers(self, step: int) -> bool:
-        """Whether step `step` (1-based) runs under the profiler: one of the window's, until the trace is written."""
-        return self.summary is None and self.first <= step < self.first + self.count
-
     def before(self, done: int) -> None:
         if self._prof is None and done + 1 == self.first and self.summary is None:
             from torch.profiler import ProfilerActivity, profile

@@ -350,7 +350,7 @@ def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny
     from training_service.gpu_yield import YieldGate
 
     calls, events = [], []
-    recorded = lambda step, where, drain: calls.append((step, where)) or 0.0  # noqa: E731
+    recorded = lambda step, where: calls.append((step, where)) or 0.0  # noqa: E731
     run(config(tiny_models, examples, steps=2, accumulation=2), pause=recorded)
     assert calls == [(0, "between steps"), (0, "between the forward and backward passes of step"),
                      (0, "between the forward and backward passes of step"),
@@ -362,51 +362,22 @@ def test_a_yield_gate_pauses_between_steps_and_between_forward_and_backward(tiny
     gate = YieldGate(recipe.emit)
     asked = threading.Event()
 
-    def ask_mid_step(step, where, drain):
+    def ask_mid_step(step, where):
         if step == 1 and where != "between steps" and not asked.is_set():
             asked.set()
             gate.ask("inference-0")
             threading.Timer(0.4, gate.release).start()
-        return gate(step, where, drain)
+        return gate(step, where)
 
     recipe.train(pause=ask_mid_step)
     phases = [d.get("message", "") for k, d in events if k == "phase"]
     assert any(m.startswith("paused between the forward and backward passes of step 2: 'inference-0'")
                for m in phases), phases
-    # the gate drained the step queued before it paused: step 1 was read and reported before "paused"
-    order = [d["step"] if k == "step" else d.get("message", "")[:6] for k, d in events if k in ("step", "phase")]
-    assert order[order.index("paused") - 1] == 1 and order.count(1) == 1, order
     assert any(m.startswith("resumed after") for m in phases)
     steps = [d for k, d in events if k == "step"]
     assert steps[0]["yielded_s"] == 0 and steps[1]["yielded_s"] >= 0.35 and steps[2]["yielded_s"] >= 0.35
     assert steps[1]["samples_per_s"] > 1 / 0.35  # the step's own rate leaves the pause out
     assert gate.yielded_s == pytest.approx(steps[2]["yielded_s"], abs=0.05)
-
-
-def test_a_step_is_read_back_once_the_next_is_queued_and_every_step_is_reported(tiny_models, examples, tmp_path):
-    """The device runs one step while the host queues the next: a step's loss is read (and reported) once the step
-    after it is queued, never later than a checkpoint, a traced step or the loop's end; the losses are the ones
-    each step would have read at once."""
-    recipe = None
-    seen = []
-
-    def emit(kind, data):
-        if kind == "step":
-            seen.append((data["step"], recipe.state.step, len(recipe.state.losses)))
-        if kind == "checkpoint":
-            seen.append((kind, recipe.state.step, len(recipe.state.losses)))
-
-    recipe = LoraRecipe(config(tiny_models, examples, steps=7, checkpoint_every=2, trace_steps=(6, 1)), emit=emit)
-    recipe.setup()
-    recipe.train(checkpoint_dir=tmp_path / "ckpt", until_step=3)
-    recipe.train(checkpoint_dir=tmp_path / "ckpt", trace_dir=tmp_path / "trace")
-    # (reported step, steps queued then, losses read then)
-    assert seen == [(1, 2, 1), (2, 2, 2), ("checkpoint", 2, 2), (3, 3, 3),   # a checkpoint and a return read all
-                    (4, 4, 4), ("checkpoint", 4, 4), (5, 5, 5),               # the traced step 6 reads 5 first
-                    (6, 6, 6), ("checkpoint", 6, 6), (7, 7, 7)], seen
-    assert torch.load(tmp_path / "ckpt" / "state.pt", weights_only=False)["losses"] == recipe.state.losses[:6]
-    assert (tmp_path / "trace").is_dir()
-    assert recipe.state.losses == pytest.approx(run(config(tiny_models, examples, steps=7)).state.losses, rel=1e-6)
 
 
 def test_a_loss_that_is_not_finite_stops_the_run_before_its_step_is_reported_or_saved(tiny_models, examples,
@@ -418,7 +389,7 @@ def test_a_loss_that_is_not_finite_stops_the_run_before_its_step_is_reported_or_
                         emit=lambda kind, data: events.append((kind, data)))
     recipe.setup()
 
-    def poison_before_step_2(step, where, drain):
+    def poison_before_step_2(step, where):
         if step == 1 and where == "between steps":
             with torch.no_grad():
                 recipe.params[0].fill_(float("nan"))
