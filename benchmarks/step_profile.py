@@ -45,6 +45,7 @@ import torch
 from benchmarks.bench_record import Recorder, host_description
 from benchmarks.training_bench import CAPTION, RESOLUTION, ensure_base, make_dataset
 from training_service.denoiser_setup import lora_inputs_for_step
+from training_service.nf4_weights import BACKENDS as NF4_BACKENDS, DEFAULT_BACKEND as NF4_DEFAULT
 from training_service.step_trace import Trace, host_rows, summarize
 
 
@@ -161,6 +162,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--nf4-backend", choices=NF4_BACKENDS, default=NF4_DEFAULT,
+                   help="with --precision nf4: what holds the base weights (training_service.nf4_weights)")
     p.add_argument("--checkpoint-interval", type=int, default=1,
                    help="with --gradient-checkpointing: one block call in every N checkpointed")
     p.add_argument("--compile", action="store_true",
@@ -205,7 +208,7 @@ def main() -> None:
                        steps=steps + 8, resolution=resolution, seed=0, device=device,
                        precision=args.precision if device == "cuda" else "fp32",
                        gradient_checkpointing=args.gradient_checkpointing, checkpoint_interval=args.checkpoint_interval,
-                       compile=args.compile or args.cudagraphs,
+                       nf4_backend=args.nf4_backend, compile=args.compile or args.cudagraphs,
                        cuda_graphs=args.cudagraphs,
                        compile_backend="inductor" if device == "cuda" else "aot_eager",
                        aot_dir=str(args.aot_blocks) if args.aot_blocks else None,
@@ -214,7 +217,8 @@ def main() -> None:
     recipe = LoraRecipe(cfg, emit=lambda kind, data: resolved.extend(data["resolved"]) if kind == "resolved" else None)
     recipe.setup()
     loop = "cudagraphs" if args.cudagraphs else "compile" if args.compile else "eager"
-    mode = f"{cfg.precision}-{loop}" + ("-gc" if args.gradient_checkpointing else "")
+    precision = f"{cfg.precision}" + ("-torchao" if cfg.precision == "nf4" and args.nf4_backend != NF4_DEFAULT else "")
+    mode = f"{precision}-{loop}" + ("-gc" if args.gradient_checkpointing else "")
     if args.gradient_checkpointing and args.checkpoint_interval > 1:
         mode += str(args.checkpoint_interval)
     if cfg.attention:

@@ -27,6 +27,7 @@ from diffusion.v1 import training_pb2 as pb
 from diffusion.v1 import training_pb2_grpc
 from service_kit.server_runtime import CLIENT_OPTIONS
 from service_kit.service_process import start_service
+from training_service.nf4_weights import BACKENDS as NF4_BACKENDS, DEFAULT_BACKEND as NF4_DEFAULT
 from training_service.step_trace import host_rows, parse_window
 
 FAMILY = {"zimage": c.FAMILY_ZIMAGE, "flux1": c.FAMILY_FLUX1}
@@ -250,6 +251,9 @@ def main() -> None:
                         "compiled mode traces the blocks with the regular compile)")
     p.add_argument("--warm-trainer", action=argparse.BooleanOptionalAction, default=True,
                    help="the service's --warm-trainer: trainers forked from a warm process, or started fresh")
+    p.add_argument("--nf4-backend", choices=NF4_BACKENDS, default=NF4_DEFAULT,
+                   help="the service's --nf4-backend: what holds the nf4 modes' base weights (each row's command, "
+                        "and a job's applied settings, say which)")
     p.add_argument("--trace-steps", metavar="FIRST:COUNT",
                    help="the service's --trace-steps: each job profiles these steps, the rows say where their time "
                         "went, and steps/s is taken over the steps before them")
@@ -279,6 +283,7 @@ def main() -> None:
                             "--model-root", str(args.workdir), "--dataset-root", str(args.workdir),
                             "--aot-blocks" if args.aot_blocks else "--no-aot-blocks",
                             "--warm-trainer" if args.warm_trainer else "--no-warm-trainer",
+                            "--nf4-backend", args.nf4_backend,
                             *(("--trace-steps", args.trace_steps) if args.trace_steps else ()), timeout=300)
     channel = grpc.insecure_channel(service.address, options=CLIENT_OPTIONS)
     stub = training_pb2_grpc.TrainingServiceStub(channel)

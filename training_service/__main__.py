@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from diffusion_kit.compile_cache import configure_compile_cache
+from training_service.nf4_weights import BACKENDS as NF4_BACKENDS, DEFAULT_BACKEND as NF4_DEFAULT
 from training_service.server import create_training_server
 from training_service.trainer_launcher import fork_warm_trainer
 from diffusion_kit.path_roots import Roots, default_data_dir, hub_cache_dir
@@ -72,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run steps FIRST to FIRST+COUNT-1 of every job under torch.profiler and keep the trace and "
                         "its summary in the job folder's trace/ (where a job's step time goes); those steps run "
                         "slower, and the job's record says which they were")
+    p.add_argument("--nf4-backend", choices=NF4_BACKENDS, default=NF4_DEFAULT,
+                   help="what holds an nf4 job's frozen base weights: bitsandbytes' Linear4bit (its matmul splits "
+                        "the compiled block graphs) or torchao's NF4Tensor (the compiler traces its dequantise into "
+                        "them); every nf4 job's record says which")
     p.add_argument("--shutdown-grace", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--log-level", default="INFO")
     add_server_flags(p)
@@ -108,7 +113,7 @@ async def _main(args: argparse.Namespace, security, broker_security, warm_traine
                                            Roots.of(args.dataset_root or [default_data_dir() / "datasets"],
                                                     "--dataset-root"), security, warm_trainer,
                                            args.compile_cache_dir / "aot-blocks" if args.aot_blocks else None,
-                                           args.trace_steps)
+                                           args.trace_steps, nf4_backend=args.nf4_backend)
     log.info("training service started", extra={"fields": {"event": "training.started", "port": running.port,
                                                           "broker": args.broker}})
     announce("training_service", args.listen, running.port, maybe_serve_metrics(args))

@@ -1,7 +1,9 @@
 """The trainable denoiser: loaded at its base precision, given a LoRA, quantised, optionally compiled.
 
 Order matters; each rule below fixes a failure seen in practice:
-- nf4 quantises at load (bitsandbytes Linear4bit), then the LoRA wraps the 4-bit layers (QLoRA);
+- nf4 quantises at load (bitsandbytes Linear4bit), then the LoRA wraps the 4-bit layers (QLoRA); or, with the
+  torchao backend (nf4_weights), the frozen base linears get NF4Tensor weights *after* add_adapter, one layer at a
+  time on the device, which the compiler traces into the block graphs;
 - int8 quantises *after* add_adapter, only the frozen base layers (torchao weight-only), and runs eager;
   its backward reads the int8 weight (frozen_quantized_linear), not a saved bf16 copy;
 - fp8 swaps the frozen linears for torchao Float8Linear with the filter (no LoRA, no proj_out, no
@@ -23,6 +25,8 @@ from diffusion_kit.precision import Precision
 from diffusion_kit.quant_probe import contained
 from training_service.checkpoint_interval import EveryNthBlockCall
 from training_service.frozen_quantized_linear import wrap_frozen_quantized
+from training_service.nf4_weights import BACKENDS as NF4_BACKENDS, DEFAULT_BACKEND as NF4_DEFAULT
+from training_service.nf4_weights import quantize_frozen_linears
 
 
 
@@ -79,15 +83,19 @@ def frozen_linear_filter(min_features: int = 16) -> Callable:
 
 def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, device: str, *, rank: int, alpha: float,
                   seed: int, gradient_checkpointing: bool, compile_backend: str | None, checkpoint_interval: int = 1,
+                  nf4_backend: str = NF4_DEFAULT,
                   phase: Callable[[str, str], None] = lambda phase, message: None) -> Denoiser:
     import diffusers
     from peft import LoraConfig
 
+    if nf4_backend not in NF4_BACKENDS:
+        raise ValueError(f"nf4_backend is one of {', '.join(NF4_BACKENDS)}, not {nf4_backend!r}")
     cls = getattr(diffusers, family.denoiser_class)
     precision = Precision(precision)  # its key ("int8") reads as the same value
     dtype = torch_dtype(precision)
     kwargs = {"subfolder": family.denoiser, "dtype": dtype}
-    if precision == Precision.NF4:
+    bnb_nf4 = precision == Precision.NF4 and nf4_backend == NF4_DEFAULT
+    if bnb_nf4:
         kwargs["quantization_config"] = diffusers.BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
         phase("quantizing", "nf4 (bitsandbytes) at load")
@@ -101,7 +109,11 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
     torch.manual_seed(seed)  # peft draws the LoRA init from the global generator
     model.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
                                  target_modules=list(family.lora_targets)))
-    if precision != Precision.NF4:  # bitsandbytes placed the 4-bit model already
+    if precision == Precision.NF4 and not bnb_nf4:
+        quantised, dense = quantize_frozen_linears(model, device, frozen_linear_filter())
+        phase("quantizing", f"nf4 (torchao NF4Tensor) on {quantised} frozen base linears; {dense} whose weight "
+                            "its blocks do not tile stay bf16")
+    if not bnb_nf4:  # bitsandbytes placed the 4-bit model already
         model.to(device)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]

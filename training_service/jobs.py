@@ -20,6 +20,7 @@ from training_service.job_store import TERMINAL, JobRecord, JobStore
 from training_service.recipe_config import RecipeConfig
 from training_service.trainer_launcher import TrainerLauncher
 from training_service.training_plan import TrainingPlan
+from training_service.nf4_weights import DEFAULT_BACKEND as NF4_DEFAULT
 
 log = logging.getLogger("training_service.jobs")
 
@@ -32,7 +33,8 @@ class JobManager:
     def __init__(self, store: JobStore, adapter_store_root: Path, broker=None, client_id: str = "training-0",
                  compile_backend: str = "inductor", checkpoint_minutes: float = 10.0,
                  encode_cache_dir: Path | None = None, launcher: TrainerLauncher | None = None,
-                 aot_dir: Path | None = None, trace_steps: tuple[int, int] | None = None):
+                 aot_dir: Path | None = None, trace_steps: tuple[int, int] | None = None,
+                 nf4_backend: str = NF4_DEFAULT):
         self.store = store
         self.launcher = launcher or TrainerLauncher()
         self.encode_cache_dir = encode_cache_dir  # text encodings and latents shared by the jobs; None off
@@ -40,6 +42,7 @@ class JobManager:
         self.compile_backend = compile_backend
         self.aot_dir = aot_dir  # where compiled jobs keep the blocks' graphs compiled ahead of time; None off
         self.trace_steps = trace_steps  # (first, count): every job's steps run under the profiler (step_trace)
+        self.nf4_backend = nf4_backend  # what holds nf4 jobs' base weights (nf4_weights)
         self.adapter_store_root = adapter_store_root
         self.broker = broker  # gpu_broker.client.BrokerClient, or None to train without a lease
         self.client_id = client_id
@@ -65,7 +68,8 @@ class JobManager:
         recipe = replace(plan.recipe, adapter_id=adapter_id, adapter_store=str(self.adapter_store_root),
                          owner=caller.identity, checkpoint_minutes=self.checkpoint_minutes,
                          compile_backend=self.compile_backend, encode_cache_dir=str(self.encode_cache_dir or ""),
-                         aot_dir=str(self.aot_dir or ""), trace_steps=list(self.trace_steps or ()))
+                         aot_dir=str(self.aot_dir or ""), trace_steps=list(self.trace_steps or ()),
+                         nf4_backend=self.nf4_backend)
         if plan.resume_job_id:
             recipe = replace(recipe, resume_from=str(self._resumable_checkpoint(plan.resume_job_id, recipe, caller)))
         record = self.store.create(JobRecord(job_id, plan.family.key, plan.request_json, total_steps=recipe.steps,

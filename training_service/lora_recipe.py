@@ -31,6 +31,7 @@ from training_service.recipe_config import RecipeConfig
 from training_service import aspect_buckets
 from training_service.encode_cache import EncodeCache, component_id, file_fingerprint
 from training_service.graph_choice import graphs_over_shapes
+from training_service.nf4_weights import record as nf4_weights_record
 from training_service.denoiser_setup import load_denoiser, step_autocast, torch_dtype
 from training_service.lora_objectives import Batch, objective_for
 from training_service.optimizer_choice import optimizer_choice
@@ -129,9 +130,12 @@ class LoraRecipe:
                                  rank=self.cfg.rank, alpha=self.cfg.alpha, seed=self.cfg.seed,
                                  gradient_checkpointing=self.cfg.gradient_checkpointing,
                                  checkpoint_interval=self.cfg.checkpoint_interval,
+                                 nf4_backend=self.cfg.nf4_backend,
                                  compile_backend=None if ahead or graphs else backend, phase=phase)
         for reason, message in denoiser.warnings:
             self.emit("warning", {"reason": reason, "message": message})
+        if denoiser.precision == Precision.NF4:
+            self.emit("resolved", {"resolved": [nf4_weights_record(self.cfg.nf4_backend).to_dict()]})
         self.model, self.params = denoiser.model, denoiser.params
         self.compiled = denoiser.compiled
         self.aot = self._ahead_of_time(backend, phase) if ahead else None

@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from diffusion_kit.precision import Precision
+from training_service.nf4_weights import DEFAULT_BACKEND as NF4_DEFAULT
 
 
 @dataclass
@@ -26,6 +27,7 @@ class RecipeConfig:
     warmup_steps: int = 0
     device: str = "cpu"
     precision: Precision = Precision.FP32  # how the frozen base is held; LoRA parameters are fp32
+    nf4_backend: str = NF4_DEFAULT  # an nf4 base: bitsandbytes' Linear4bit or torchao's NF4Tensor (nf4_weights)
     optimizer: str = "adamw"  # or adamw8bit (bitsandbytes)
     lr_schedule: str = "constant_with_warmup"  # diffusers.optimization names
     batch_size: int = 1
