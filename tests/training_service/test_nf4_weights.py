@@ -87,13 +87,16 @@ def train(base, tmp_path, events=None, **kw):
     recipe = LoraRecipe(cfg, emit=emit)
     recipe.setup()
     before = [p.detach().clone() for p in recipe.params]
-    recipe.train()
+    recipe.train(sample_dir=tmp_path / "samples")
     return recipe, before, phases
 
 
 def test_a_lora_trains_over_nf4_tensor_weights_eager_and_compiled_alike(wide_zimage, tmp_path):
     events = []
-    recipe, before, phases = train(wide_zimage, tmp_path, events, precision=Precision.NF4, nf4_backend="torchao")
+    recipe, before, phases = train(wide_zimage, tmp_path, events, precision=Precision.NF4, nf4_backend="torchao",
+                                   sample_every=3, sample_prompts=["a card"])
+    (sample,) = [d for k, d in events if k == "sample"]  # the pipeline renders over the nf4 base too
+    assert sample["step"] == 3 and (tmp_path / "samples").is_dir()
     (record,) = [r for k, d in events if k == "resolved" for r in d["resolved"] if r["control"] == "nf4_weights"]
     assert (record["requested"], record["applied"], record["source"]) == (
         "torchao", "torchao NF4Tensor", "SETTING_SOURCE_EXPLICIT"), record
