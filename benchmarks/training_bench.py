@@ -184,8 +184,9 @@ def record_trace(record, mode: str, summary: dict, ops: Path) -> None:
     record(mode, "gpu_busy_share", summary["busy_share"], "fraction", note="CUDA kernel time over wall time")
     if "idle_host_ms" in summary and summary.get("step_idle_ms"):
         record(mode, "gpu_idle_ms_per_step", statistics.mean(summary["step_idle_ms"]), "ms",
-               note="no kernel ran; by_host_op: the host operators that ran meanwhile (step_trace.idle_host_time)",
-               by_host_op=summary["idle_host_ms"])
+               note="no kernel ran; by_host_op: the host operators that ran meanwhile (step_trace.idle_host_time); "
+                    "by_loop_phase: the part of the recipe's loop it fell in",
+               by_host_op=summary["idle_host_ms"], by_loop_phase=summary.get("idle_phase_ms", {}))
     named = summary.get("kernels_named_by", "operators")
     for key in ("kernel_ms", "gemm_ms", "attention_ms"):
         record(mode, f"{key.removesuffix('_ms')}_ms_per_step", summary[key], "ms",

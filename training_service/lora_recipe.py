@@ -52,6 +52,11 @@ class TrainingDiverged(FloatingPointError):
         self.step, self.value = step, value
 
 
+def _no_phase(name: str) -> contextlib.AbstractContextManager:
+    """The loop's phases where no step is traced: nothing (StepTracer.phase marks them for the profiler)."""
+    return contextlib.nullcontext()
+
+
 @dataclass
 class StepReport:
     step: int
@@ -475,6 +480,7 @@ class LoraRecipe:
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         tracer = self._tracer(trace_dir, last)
+        loop_phase = tracer.phase if tracer else _no_phase  # marks a traced step's parts for the profiler
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
         yielded = 0.0
@@ -490,43 +496,45 @@ class LoraRecipe:
                 torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
             noise_state = self.generator.get_state() if self.compiled else None
             try:
-                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause, loop_phase)
             except Exception as e:  # noqa: BLE001 - only the compiler's own failures are retried
                 if not (self.compiled and compile_failed(e)):
                     raise
                 self._stop_compiling(e)
                 self.generator.set_state(noise_state)  # the same noise as the step that failed would have had
-                loss, images, waited = self._accumulate_gradients(self.state.step, pause)
+                loss, images, waited = self._accumulate_gradients(self.state.step, pause, loop_phase)
             yielded += waited
             t0 += waited  # the step's own time, for its images per second
-            if self.scaler is not None:
-                self.scaler.unscale_(self.optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
-            lr = self.schedule.get_last_lr()[0]  # the rate this step used
-            self.schedule.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            with loop_phase("optimizer"):
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                lr = self.schedule.get_last_lr()[0]  # the rate this step used
+                self.schedule.step()
+                self.optimizer.zero_grad(set_to_none=True)
             self.state.step += 1
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise TrainingDiverged(self.state.step, value)
-            self.state.losses.append(value)
-            self._say_eager_calls()
-            self._say_graph_skips()
-            self._say_recompile_limits()
-            now = time.perf_counter()
-            window = self.state.losses[-20:]
-            peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
-            reserved = torch.cuda.max_memory_reserved() if device.startswith("cuda") else 0
-            per_step = (now - started - yielded) / (self.state.step - first_step)
-            self.emit("step", asdict(StepReport(
-                self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
-                float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
-                per_step * (self.cfg.steps - self.state.step), yielded, reserved)))
+            with loop_phase("report"):  # the loss read waits for the step to finish on the device
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise TrainingDiverged(self.state.step, value)
+                self.state.losses.append(value)
+                self._say_eager_calls()
+                self._say_graph_skips()
+                self._say_recompile_limits()
+                now = time.perf_counter()
+                window = self.state.losses[-20:]
+                peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+                reserved = torch.cuda.max_memory_reserved() if device.startswith("cuda") else 0
+                per_step = (now - started - yielded) / (self.state.step - first_step)
+                self.emit("step", asdict(StepReport(
+                    self.state.step, self.cfg.steps, value, sum(window) / len(window), lr,
+                    float(grad_norm), images / max(1e-9, now - t0), peak, now - started,
+                    per_step * (self.cfg.steps - self.state.step), yielded, reserved)))
             if tracer:
                 tracer.after(self.state.step)
             every, minutes = self.cfg.checkpoint_every, self.cfg.checkpoint_minutes
@@ -589,18 +597,22 @@ class LoraRecipe:
             record = replace(record, applied=f"{record.applied} at step {self.state.step}")
             self.emit("resolved", {"resolved": [record.to_dict()]})
 
-    def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None
+    def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None,
+                              loop_phase: Callable[[str], contextlib.AbstractContextManager] = _no_phase
                               ) -> tuple[torch.Tensor, int, float]:
         """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient; and
         the seconds `pause` waited between a forward and its backward (the backward is most of a step: a pause
         here lets inference in up to that much sooner than waiting for the step's end)."""
         parts, images, waited = [], 0, 0.0
         for k in range(self.cfg.accumulation):
-            inputs = self.step_inputs(step * self.cfg.accumulation + k)
-            loss = self.loss(inputs) / self.cfg.accumulation
+            with loop_phase("inputs"):
+                inputs = self.step_inputs(step * self.cfg.accumulation + k)
+            with loop_phase("forward"):
+                loss = self.loss(inputs) / self.cfg.accumulation
             if pause:
                 waited += pause(step, "between the forward and backward passes of step")
-            self.backward(loss)
+            with loop_phase("backward"):
+                self.backward(loss)
             parts.append(loss.detach())
             images += len(inputs.batch.geometry)
         return torch.stack(parts).sum(), images, waited

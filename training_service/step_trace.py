@@ -17,6 +17,7 @@ The summary is what benchmarks/step_profile computes of its bare loops, so a job
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,10 @@ GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_sca
 ATTENTION_KERNELS = {"flash": "flash_attention", "efficient": "efficient_attention", "cudnn": "cudnn_attention"}
 MAX_TRACED = 20  # steps one window may trace: the profiler holds every operator and kernel of each in memory
 STEP_MARK = "## training step "  # the profiler range each traced step runs in, with its number
+PHASE_MARK = "## loop phase "  # the profiler range of one part of a traced step (StepTracer.phase), with its name
+# the parts of a step the recipe marks: making its inputs, the forward pass and loss, the backward pass, the
+# gradient clip and optimizer step, and reading the loss back and reporting the step
+LOOP_PHASES = ("inputs", "forward", "backward", "optimizer", "report")
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -171,6 +176,7 @@ def step_device_time(steps: list[tuple[float, float]], kernels: list[tuple[float
 
 NO_OPERATOR = "(no operator: the host's own code)"
 OTHER_OPERATORS = "(other operators)"
+OUTSIDE_PHASES = "(outside the loop's marked phases)"
 
 
 def top_level(ops: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
@@ -183,10 +189,11 @@ def top_level(ops: list[tuple[str, float, float]]) -> list[tuple[str, float, flo
 
 
 def idle_host_time(steps: list[tuple[float, float]], kernels: list[tuple[float, float]],
-                   host_ops: list[tuple[str, float, float]], keep: int = 12) -> dict[str, float]:
+                   host_ops: list[tuple[str, float, float]], keep: int = 12,
+                   uncovered: str = NO_OPERATOR) -> dict[str, float]:
     """What the host was doing while the device ran no kernel, in milliseconds per step: for each top-level host
     operator (`host_ops`: (name, start, end), each thread's top_level), the time it overlapped the steps' device
-    idle; NO_OPERATOR the idle that no operator of any thread overlapped (the host's Python between calls); the
+    idle; `uncovered` the idle that no operator of any thread overlapped (the host's Python between calls); the
     `keep` largest named, the rest under OTHER_OPERATORS. Two threads' operators at once (the main thread's and the
     autograd engine's) both count, so the named can add up to more than the idle. Microseconds in."""
     spent: dict[str, float] = {}
@@ -202,12 +209,12 @@ def idle_host_time(steps: list[tuple[float, float]], kernels: list[tuple[float, 
                 spent[name] = spent.get(name, 0.0) + sum(b - a for a, b in mine)
                 pieces += mine
         covered = sum(b - a for a, b in _merged(start, end, pieces))
-        spent[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0) + sum(b - a for a, b in gaps.spans) - covered
-    named = sorted(((us, name) for name, us in spent.items() if name != NO_OPERATOR), reverse=True)
+        spent[uncovered] = spent.get(uncovered, 0.0) + sum(b - a for a, b in gaps.spans) - covered
+    named = sorted(((us, name) for name, us in spent.items() if name != uncovered), reverse=True)
     out = {name: us for us, name in named[:keep]}
     if rest := sum(us for us, _ in named[keep:]):
         out[OTHER_OPERATORS] = rest
-    out[NO_OPERATOR] = spent.get(NO_OPERATOR, 0.0)
+    out[uncovered] = spent.get(uncovered, 0.0)
     return {name: round(us / 1e3 / max(1, len(steps)), 3) for name, us in out.items()}
 
 
@@ -231,10 +238,19 @@ def _step_ranges_kernels_and_host_ops(events) -> tuple[list[tuple[float, float]]
     kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
     by_thread: dict[int, list[tuple[str, float, float]]] = {}
     for e in events:
-        if e.device_type != cuda and not e.name.startswith(STEP_MARK):
+        if e.device_type != cuda and not e.name.startswith((STEP_MARK, PHASE_MARK)):
             by_thread.setdefault(e.thread, []).append((e.name, e.time_range.start, e.time_range.end))
     host_ops = [op for ops in by_thread.values() for op in top_level(ops)]
     return [(a, b) for _, a, b in marks], kernels, host_ops
+
+
+def _phase_ranges(events) -> list[tuple[str, float, float]]:
+    """The traced steps' loop phases on the host: (name, start, end)."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    return [(e.name[len(PHASE_MARK):], e.time_range.start, e.time_range.end) for e in events
+            if e.name.startswith(PHASE_MARK) and e.device_type != cuda]
 
 
 @dataclass(frozen=True)
@@ -294,6 +310,15 @@ class StepTracer:
 
             torch.cuda.synchronize()
 
+    def phase(self, name: str):
+        """A context in which one part of the loop (LOOP_PHASES) runs: a profiler range while a step is traced,
+        so the summary's `idle_phase_ms` says in which part the device waited; nothing otherwise."""
+        if self._prof is None:
+            return contextlib.nullcontext()
+        from torch.profiler import record_function
+
+        return record_function(PHASE_MARK + name)
+
     def before(self, done: int) -> None:
         if self._prof is None and done + 1 == self.first and self.summary is None:
             from torch.profiler import ProfilerActivity, profile
@@ -348,6 +373,8 @@ class StepTracer:
                         "step_lead_ms": [t.lead for t in device_time],
                         "step_tail_ms": [t.tail for t in device_time],
                         "idle_host_ms": idle_host_time(ranges[:steps], kernels, host_ops),
+                        "idle_phase_ms": idle_host_time(ranges[:steps], kernels, _phase_ranges(events),
+                                                        keep=len(LOOP_PHASES), uncovered=OUTSIDE_PHASES),
                         **asdict(trace)}
         (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
         self.say(f"steps {self.first}-{self.first + steps - 1} traced into {self.directory}")

@@ -17,9 +17,9 @@ from service_kit.service_process import start_service
 from tests.service_flags import TRAINING_ROOTS
 from tests.training_service.jobs_helper import request
 from tests.training_service.test_lora_recipe import config, examples, run  # noqa: F401
-from training_service.step_trace import (MAX_TRACED, NO_OPERATOR, OTHER_OPERATORS, STEP_MARK, host_breakdown,
-                                         idle_host_time, kernel_family, parse_window, step_device_time, summarize,
-                                         top_level)
+from training_service.step_trace import (LOOP_PHASES, MAX_TRACED, NO_OPERATOR, OTHER_OPERATORS, PHASE_MARK,
+                                         STEP_MARK, host_breakdown, idle_host_time, kernel_family, parse_window,
+                                         step_device_time, summarize, top_level)
 
 
 @pytest.mark.parametrize("text, window", [("6:4", (6, 4)), ("1:1", (1, 1)), (f"3:{MAX_TRACED}", (3, MAX_TRACED))])
@@ -181,6 +181,10 @@ def test_a_job_keeps_the_trace_of_its_window_and_says_so(tiny_models, dirs, tmp_
     idle = summary["idle_host_ms"]  # on a CPU the device is idle throughout: every operator the step ran is here
     assert any(name.startswith("aten::") for name in idle) and NO_OPERATOR in idle
     assert sum(idle.values()) >= 0.9 * sum(summary["step_idle_ms"]) / 2
+    assert not [name for name in idle if name.startswith(PHASE_MARK)]  # the loop's own marks are no operators
+    phases = summary["idle_phase_ms"]  # which part of the loop the device waited in: on a CPU, all of each
+    assert all(phases.get(name, 0) > 0 for name in LOOP_PHASES), phases
+    assert sum(phases[name] for name in LOOP_PHASES) >= 0.8 * sum(summary["step_idle_ms"]) / 2
     assert "aten::" in (trace / "ops.txt").read_text()
     events_traced = json.loads(gzip.decompress((trace / "trace.json.gz").read_bytes()))["traceEvents"]
     assert any(e.get("name", "").startswith("aten::") for e in events_traced)
