@@ -7,9 +7,10 @@ starts of one H100 the same code trained nf4 Z-Image at 3.53 and 1.83 steps/s). 
 whose dequantise is ordinary tensor code, which the compiler can trace into a block's graph. Its linear saves no
 weight for the backward (the base is frozen; the backward dequantises again).
 
-A linear is quantised here only where NF4Tensor's blocks tile its weight exactly, and never in the layers the
-model names precision-sensitive (its `_keep_in_fp32_modules` and `_skip_layerwise_casting_patterns`, e.g.
-Z-Image's timestep and caption embedders); the others keep the base dtype, and the counts are reported. The
+A linear is quantised here only where NF4Tensor's blocks tile its weight exactly, and never in the modules the
+model keeps in fp32 (its `_keep_in_fp32_modules`, which diffusers' bitsandbytes loading leaves out too; not its
+`_skip_layerwise_casting_patterns`, whose "norm" would keep FLUX.1's modulation linears, a quarter of its weights,
+dense); the others keep the base dtype, and the counts are reported. The
 weights are quantised one layer at a time on the device, so the dense base never sits there whole. Importing
 this module does not import torch (the service's flags name the backends).
 """
@@ -52,23 +53,22 @@ def tiles(weight: torch.Tensor) -> bool:
     return weight.numel() % (BLOCK * SCALER_BLOCK) == 0
 
 
-def precision_sensitive(model: torch.nn.Module) -> tuple[str, ...]:
-    """The name patterns of the layers `model` keeps at a high precision."""
-    return tuple(getattr(model, "_keep_in_fp32_modules", None) or ()) + tuple(
-        getattr(model, "_skip_layerwise_casting_patterns", None) or ())
+def kept_in_fp32(model: torch.nn.Module) -> tuple[str, ...]:
+    """The name patterns of the modules `model` keeps in fp32."""
+    return tuple(getattr(model, "_keep_in_fp32_modules", None) or ())
 
 
 def quantize_frozen_linears(model: torch.nn.Module, device: str | torch.device,
                             accept: Callable[[torch.nn.Module, str], bool]) -> tuple[int, int]:
-    """Every frozen linear `accept` takes, outside the model's precision-sensitive layers, whose weight NF4Tensor
+    """Every frozen linear `accept` takes, outside the modules the model keeps in fp32, whose weight NF4Tensor
     tiles gets an nf4 weight on `device`, one layer at a time; returns (quantised, kept dense) among the rest."""
     import torch
 
     to_nf4 = _to_nf4()
-    sensitive = precision_sensitive(model)
+    kept = kept_in_fp32(model)
     quantised = dense = 0
     for name, module in model.named_modules():
-        if not accept(module, name) or any(pattern in name for pattern in sensitive):
+        if not accept(module, name) or any(pattern in name for pattern in kept):
             continue
         weight = module.weight
         if weight.requires_grad:

@@ -21,25 +21,28 @@ def nf4_tensor_type():
 
 
 class Block(torch.nn.Module):
-    _skip_layerwise_casting_patterns = ["t_embedder"]
+    _keep_in_fp32_modules = ["t_embedder"]
+    _skip_layerwise_casting_patterns = ["norm"]  # diffusers' layerwise casting only: bitsandbytes quantises these
 
     def __init__(self):
         super().__init__()
         self.to_q = torch.nn.Linear(128, 128)  # 16384 weights: NF4's blocks (64 x 256) tile it
         self.to_out = torch.nn.Linear(128, 96)  # 12288: they do not
-        self.t_embedder = torch.nn.Linear(256, 64)  # tiles, but the model keeps it precise
+        self.t_embedder = torch.nn.Linear(256, 64)  # tiles, but the model keeps it in fp32
+        self.norm1 = torch.nn.Sequential(torch.nn.Linear(64, 256))  # FLUX.1's modulations are named so: quantised
         self.lora_A = torch.nn.Linear(128, 4)  # the filter leaves LoRA layers out
 
 
-def test_only_frozen_tiled_linears_outside_the_sensitive_layers_are_quantised():
+def test_only_frozen_tiled_linears_outside_the_fp32_modules_are_quantised():
     torch.manual_seed(0)
     block = Block().to(torch.bfloat16).requires_grad_(False)
     dense_q = block.to_q.weight.detach().clone()
     x = torch.randn(3, 128, dtype=torch.bfloat16)
     before = block.to_q(x)
     assert tiles(block.to_q.weight) and not tiles(block.to_out.weight) and tiles(block.t_embedder.weight)
-    assert quantize_frozen_linears(block, "cpu", frozen_linear_filter()) == (1, 1)
+    assert quantize_frozen_linears(block, "cpu", frozen_linear_filter()) == (2, 1)
     assert isinstance(block.to_q.weight, nf4_tensor_type()) and not block.to_q.weight.requires_grad
+    assert isinstance(block.norm1[0].weight, nf4_tensor_type())
     for kept in (block.to_out, block.t_embedder, block.lora_A):
         assert not isinstance(kept.weight, nf4_tensor_type()) and kept.weight.dtype == torch.bfloat16
     after = block.to_q(x)  # the layer's own forward, through NF4Tensor's linear
@@ -104,7 +107,7 @@ def test_a_lora_trains_over_nf4_tensor_weights_eager_and_compiled_alike(wide_zim
     # q, k, v and out of the four blocks' attention (2 layers, a noise and a context refiner), under their LoRA
     attention = [n for n in nf4 if ".attention." in n]
     assert len(attention) == 16 and all(".base_layer." in n for n in attention), nf4
-    assert len(nf4) > 16 and not [n for n in nf4 if "embedder" in n]  # the modulations too; embedders stay
+    assert len(nf4) > 16 and "t_embedder.mlp.0.weight" in nf4  # the modulations and embedders too, as bitsandbytes
     assert any(m.startswith(f"nf4 (torchao NF4Tensor) on {len(nf4)} frozen base linears") for m in phases), phases
     losses = recipe.state.losses
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
