@@ -111,8 +111,8 @@ def load_denoiser(family: FamilySpec, base_dir: str, precision: Precision, devic
                                  target_modules=list(family.lora_targets)))
     if precision == Precision.NF4 and not bnb_nf4:
         quantised, dense = quantize_frozen_linears(model, device, frozen_linear_filter())
-        phase("quantizing", f"nf4 (torchao NF4Tensor) on {quantised} frozen base linears; {dense} whose weight "
-                            "its blocks do not tile stay bf16")
+        phase("quantizing", f"nf4 (torchao NF4Tensor) on {quantised} frozen base linears; {dense} that NF4's "
+                            "blocks do not tile stay bf16")
     if not bnb_nf4:  # bitsandbytes placed the 4-bit model already
         model.to(device)
     model.train()
