@@ -70,10 +70,14 @@ class RecipeConfig:
         return cls(**json.loads(text))
 
     def identity(self) -> dict:
-        """What a checkpoint must match to be resumed: everything that changes the trajectory."""
+        """What a checkpoint must match to be resumed: everything that changes the trajectory. An nf4 base held
+        by another backend than the default is quantised by other code, so its backend counts; the default is
+        left out, as in checkpoints written before there was a choice."""
         keys = ("family", "base_dir", "examples", "rank", "alpha", "learning_rate", "steps", "resolution", "seed",
                 "warmup_steps", "precision", "optimizer", "lr_schedule", "batch_size", "accumulation", "buckets",
                 "dataset_fingerprint")
+        if self.precision == Precision.NF4 and self.nf4_backend != NF4_DEFAULT:
+            keys += ("nf4_backend",)
         return json.loads(json.dumps({k: asdict(self)[k] for k in keys}))  # as it reads back from disk
 
     def identity_differences(self, saved: dict) -> list[str]:

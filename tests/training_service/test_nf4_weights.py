@@ -121,6 +121,18 @@ def test_a_lora_trains_over_nf4_tensor_weights_eager_and_compiled_alike(wide_zim
     assert dense.state.losses != losses and dense.state.losses == pytest.approx(losses, rel=0.05)
 
 
+@pytest.mark.parametrize("precision, backend, counts", [
+    ("nf4", "bitsandbytes", False),  # the default: checkpoints from before the choice still resume
+    ("nf4", "torchao", True),
+    ("bf16", "torchao", False),  # no nf4 base: the backend changes nothing
+])
+def test_a_checkpoint_names_its_nf4_backend_where_it_changes_the_run(precision, backend, counts):
+    cfg = RecipeConfig(family="zimage", base_dir="/b", examples=[], precision=precision, nf4_backend=backend)
+    assert ("nf4_backend" in cfg.identity()) is counts
+    other = RecipeConfig(family="zimage", base_dir="/b", examples=[], precision=precision)
+    assert other.identity_differences(cfg.identity()) == (["nf4_backend"] if counts else [])
+
+
 def test_an_unknown_nf4_backend_is_refused(wide_zimage, tmp_path):
     with pytest.raises(ValueError, match="nf4_backend is one of bitsandbytes, torchao"):
         train(wide_zimage, tmp_path, precision=Precision.NF4, nf4_backend="gguf")
