@@ -42,8 +42,10 @@ class GrowthWatcher:
         return max(0, min(grown, self.total)) if self.total else max(0, grown)
 
     def _report(self) -> None:
+        """Reports the bytes done when they passed the last report: a progress figure never goes back, though the
+        folder can shrink for a moment (a partial file truncated and written again, as a restarted fetch does)."""
         value = self.done()
-        if value != self._last:
+        if value > self._last:
             self._last = value
             self.on_progress(value, self.total)
 

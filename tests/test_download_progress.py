@@ -36,3 +36,19 @@ def test_a_folder_that_does_not_exist_yet(tmp_path):
         (tmp_path / "new").mkdir()
         (tmp_path / "new" / "a").write_bytes(b"z" * 10)
     assert reports[0] == (0, 10) and reports[-1] == (10, 10)
+
+
+def test_a_partial_file_written_again_never_takes_the_figure_back(tmp_path):
+    """A fetch that restarts a file truncates it: the folder shrinks, the reported figure holds until it passes."""
+    reports = []
+    partial = tmp_path / "blobs" / "f.incomplete"
+    partial.parent.mkdir()
+    with GrowthWatcher(tmp_path, needed=1000, on_progress=lambda d, t: reports.append(d), interval=0.01):
+        partial.write_bytes(b"y" * 600)
+        time.sleep(0.1)
+        partial.write_bytes(b"y" * 200)  # restarted: truncated, then written again
+        time.sleep(0.1)
+        partial.write_bytes(b"y" * 1000)
+        time.sleep(0.1)
+    assert 600 in reports and reports[-1] == 1000
+    assert reports == sorted(reports) and 200 not in reports
