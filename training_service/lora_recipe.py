@@ -52,11 +52,6 @@ class TrainingDiverged(FloatingPointError):
         self.step, self.value = step, value
 
 
-def _no_phase(name: str) -> contextlib.AbstractContextManager:
-    """The loop's phases where no step is traced: nothing (StepTracer.phase marks them for the profiler)."""
-    return contextlib.nullcontext()
-
-
 @dataclass
 class StepReport:
     step: int
@@ -480,7 +475,8 @@ class LoraRecipe:
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()  # the step's peak, not the load's (int8 quantises on the GPU)
         tracer = self._tracer(trace_dir, last)
-        loop_phase = tracer.phase if tracer else _no_phase  # marks a traced step's parts for the profiler
+        # marks a traced step's parts for the profiler; nullcontext(name) is nothing, as the phase of an untraced one
+        loop_phase = tracer.phase if tracer else contextlib.nullcontext
         started, first_step = time.perf_counter(), self.state.step
         last_saved = started
         yielded = 0.0
@@ -598,7 +594,7 @@ class LoraRecipe:
             self.emit("resolved", {"resolved": [record.to_dict()]})
 
     def _accumulate_gradients(self, step: int, pause: Callable[[int, str], float] | None = None,
-                              loop_phase: Callable[[str], contextlib.AbstractContextManager] = _no_phase
+                              loop_phase: Callable[[str], contextlib.AbstractContextManager] = contextlib.nullcontext
                               ) -> tuple[torch.Tensor, int, float]:
         """The gradients of `accumulation` batches, each loss scaled so they add up to their mean's gradient; and
         the seconds `pause` waited between a forward and its backward (the backward is most of a step: a pause

@@ -227,30 +227,28 @@ def device_kernels(events) -> list:
     return [e for e in events if e.device_type == cuda and not e.is_user_annotation]
 
 
-def _step_ranges_kernels_and_host_ops(events) -> tuple[list[tuple[float, float]], list[tuple[float, float]],
-                                                       list[tuple[str, float, float]]]:
-    """The steps' ranges, the kernels, and each host thread's top-level operators."""
+def _ranges_kernels_and_host_ops(events) -> tuple[list[tuple[float, float]], list[tuple[str, float, float]],
+                                                  list[tuple[float, float]], list[tuple[str, float, float]]]:
+    """A trace's steps' ranges in step order, the loop phases' ranges (name, start, end), the kernels, and each
+    host thread's top-level operators (the marks left out)."""
     import torch
 
     cuda = torch.autograd.DeviceType.CUDA
-    marks = sorted((int(e.name[len(STEP_MARK):]), e.time_range.start, e.time_range.end) for e in events
-                   if e.name.startswith(STEP_MARK) and e.device_type != cuda)
-    kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
+    marks, phases = [], []
     by_thread: dict[int, list[tuple[str, float, float]]] = {}
     for e in events:
-        if e.device_type != cuda and not e.name.startswith((STEP_MARK, PHASE_MARK)):
-            by_thread.setdefault(e.thread, []).append((e.name, e.time_range.start, e.time_range.end))
+        span = (e.time_range.start, e.time_range.end)
+        if e.device_type == cuda:
+            continue
+        if e.name.startswith(STEP_MARK):
+            marks.append((int(e.name[len(STEP_MARK):]), *span))
+        elif e.name.startswith(PHASE_MARK):
+            phases.append((e.name[len(PHASE_MARK):], *span))
+        else:
+            by_thread.setdefault(e.thread, []).append((e.name, *span))
     host_ops = [op for ops in by_thread.values() for op in top_level(ops)]
-    return [(a, b) for _, a, b in marks], kernels, host_ops
-
-
-def _phase_ranges(events) -> list[tuple[str, float, float]]:
-    """The traced steps' loop phases on the host: (name, start, end)."""
-    import torch
-
-    cuda = torch.autograd.DeviceType.CUDA
-    return [(e.name[len(PHASE_MARK):], e.time_range.start, e.time_range.end) for e in events
-            if e.name.startswith(PHASE_MARK) and e.device_type != cuda]
+    kernels = [(e.time_range.start, e.time_range.end) for e in device_kernels(events)]
+    return [(a, b) for _, a, b in sorted(marks)], phases, kernels, host_ops
 
 
 @dataclass(frozen=True)
@@ -364,7 +362,7 @@ class StepTracer:
         events = prof.events()
         trace = summarize(prof, steps, wall, self.directory / "ops.txt", events)
         prof.export_chrome_trace(str(self.directory / "trace.json.gz"))
-        ranges, kernels, host_ops = _step_ranges_kernels_and_host_ops(events)
+        ranges, phases, kernels, host_ops = _ranges_kernels_and_host_ops(events)
         device_time = step_device_time(ranges[:steps], kernels)
         self.summary = {"first_step": self.first, "steps": steps, "device": "cuda" if self.cuda else "cpu",
                         "step_wall_ms": [round((b - a) * 1e3, 2) for a, b in zip(self._marks, self._marks[1:])],
@@ -373,7 +371,7 @@ class StepTracer:
                         "step_lead_ms": [t.lead for t in device_time],
                         "step_tail_ms": [t.tail for t in device_time],
                         "idle_host_ms": idle_host_time(ranges[:steps], kernels, host_ops),
-                        "idle_phase_ms": idle_host_time(ranges[:steps], kernels, _phase_ranges(events),
+                        "idle_phase_ms": idle_host_time(ranges[:steps], kernels, phases,
                                                         keep=len(LOOP_PHASES), uncovered=OUTSIDE_PHASES),
                         **asdict(trace)}
         (self.directory / "summary.json").write_text(json.dumps(self.summary, indent=1))
